@@ -1,0 +1,31 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="gas",
+    version="0.1.0",
+    description="GPU-aware scheduler extender for Kubernetes: shares GPUs between pods per card",
+    python_requires=">=3.11",
+    packages=find_packages(include=["gas", "gas.*"]),
+    package_data={"gas": ["data/*.yaml", "py.typed"]},
+    install_requires=[
+        "flask>=3.0",
+        "gunicorn>=22.0",
+        "kubernetes>=29.0",
+        "cryptography>=42.0",
+        "requests>=2.31",
+        "pyyaml>=6.0",
+    ],
+    extras_require={
+        "labeler": ["pyudev>=0.24"],
+        "test": [
+            "pytest>=8.0",
+            "pytest-timeout>=2.3",
+            "hypothesis>=6.100",
+            "ruff>=0.6",
+            "mypy>=1.10",
+            "types-requests",
+            "types-pyyaml",
+        ],
+    },
+    entry_points={"console_scripts": ["gas=gas.cli:main"]},
+)
