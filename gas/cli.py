@@ -1,0 +1,200 @@
+"""The `gas` command.
+
+`gas serve` takes GAS's flag names (`--kubeConfig`, `--port`, `--cert`, `--key`, `--cacert`,
+...) so a GAS deployment can switch images without touching its arguments; like Go's flag
+package it accepts them with one dash or two, and as `-flag=value` or `-flag value`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+
+from flask import Flask
+
+from gas import __version__
+
+log = logging.getLogger("gas")
+
+DEFAULT_PORT = 9001
+
+
+def _go_style(argv: Sequence[str]) -> list[str]:
+    """`-flag` -> `--flag`, as Go's flag package takes both (`-h` stays help)."""
+    result = []
+    for arg in argv:
+        single = arg.startswith("-") and not arg.startswith("--") and len(arg) > 1
+        if single and arg != "-h" and not arg[1].isdigit():
+            arg = "-" + arg
+        result.append(arg)
+    return result
+
+
+def _bool(value: str) -> bool:
+    lowered = value.lower()
+    if lowered in ("1", "t", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "f", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {value!r}")
+
+
+def _add_bool(parser: argparse.ArgumentParser, name: str, help_text: str) -> None:
+    # Go booleans: `-flag` alone or `-flag=true|false`.
+    parser.add_argument(
+        name, nargs="?", const=True, default=False, type=_bool, metavar="BOOL", help=help_text
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gas", description="GPU-aware scheduler extender for Kubernetes."
+    )
+    parser.add_argument("--version", action="version", version=f"gas {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the extender",
+        description=(
+            "Run the scheduler extender over HTTPS. Without a kubeconfig and outside a "
+            "cluster (or with --demo) it serves a built-in in-memory demo cluster."
+        ),
+    )
+    serve.add_argument("--kubeConfig", help="kubeconfig file (default: in-cluster config)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="listen port (9001)")
+    serve.add_argument(
+        "--host", default=None, help="listen address (0.0.0.0; 127.0.0.1 in demo mode)"
+    )
+    serve.add_argument("--cert", help="server certificate (PEM)")
+    serve.add_argument("--key", help="server private key (PEM)")
+    serve.add_argument(
+        "--cacert",
+        help="CA bundle: when given, clients must present a certificate it signed (mutual TLS)",
+    )
+    _add_bool(serve, "--unsafe", "serve plain HTTP (for tests and local experiments only)")
+    _add_bool(serve, "--demo", "serve the built-in demo cluster instead of a real one")
+    serve.add_argument("--demoFile", help="YAML file with the demo cluster's nodes and pods")
+    _add_bool(serve, "--enableAllowlist", "honour the gas-allow pod annotation (not yet used)")
+    _add_bool(serve, "--enableDenylist", "honour the gas-deny pod annotation (not yet used)")
+    serve.add_argument("--balancedResource", default="", help="(accepted for GAS compatibility)")
+    serve.add_argument("--burst", type=int, default=10, help="(accepted for GAS compatibility)")
+    serve.add_argument("--qps", type=int, default=5, help="(accepted for GAS compatibility)")
+    serve.add_argument("--threads", type=int, default=8, help="request threads (8)")
+    serve.add_argument(
+        "--maxRequestBytes",
+        type=int,
+        default=8 * 1024 * 1024,
+        help="largest request body accepted; larger ones get 413 (8 MiB)",
+    )
+    serve.add_argument("--v", type=int, default=2, help="log verbosity: 0-3 info, 4+ debug")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(_go_style(sys.argv[1:] if argv is None else argv))
+    logging.basicConfig(
+        level=logging.DEBUG if args.v >= 4 else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.command == "serve":
+        return serve(args)
+    return 2  # pragma: no cover - argparse requires a command
+
+
+def _use_demo(args: argparse.Namespace) -> bool:
+    if args.demo:
+        return True
+    if args.kubeConfig or os.environ.get("KUBECONFIG"):
+        return False
+    from gas.kube import in_cluster
+
+    if in_cluster():
+        return False
+    log.info("no kubeconfig and not in a cluster: serving the built-in demo cluster")
+    return True
+
+
+def serve(args: argparse.Namespace) -> int:
+    from gas import server, tls
+    from gas.demo import load_demo_file
+    from gas.extender import Options
+
+    demo = _use_demo(args)
+    kubeconfig = args.kubeConfig or os.environ.get("KUBECONFIG")
+    if demo:
+        try:
+            demo_data = load_demo_file(args.demoFile)
+        except (OSError, ValueError) as exc:
+            log.error("cannot load the demo cluster: %s", exc)
+            return 1
+    else:
+        from gas.kube import load_api_client
+
+        try:
+            load_api_client(kubeconfig)  # fail here, with a clear message, not in the worker
+        except Exception as exc:
+            log.error("cannot load Kubernetes client configuration: %s", exc)
+            return 1
+    host = args.host or ("127.0.0.1" if demo else "0.0.0.0")
+    cert, key = args.cert, args.key
+    if not args.unsafe and not (cert and key):
+        if not demo:
+            log.error("HTTPS needs --cert and --key (or --unsafe for plain HTTP)")
+            return 2
+        directory = tempfile.mkdtemp(prefix="gas-demo-tls-")
+        cert, key = tls.write_self_signed(directory, ["localhost"])
+        log.info("demo mode: generated a throwaway self-signed certificate %s", cert)
+    if not args.unsafe and not args.cacert:
+        log.warning("no --cacert: client certificates are not verified")
+    if args.enableAllowlist or args.enableDenylist or args.balancedResource:
+        log.warning("allow/deny lists and --balancedResource are not implemented yet")
+    options = Options(max_request_bytes=args.maxRequestBytes)
+
+    def app_factory() -> Flask:
+        # Runs in the gunicorn worker, where the ledger and its sync threads must live.
+        from gas.cluster import Cluster
+        from gas.extender import create_app
+        from gas.ledger import Ledger
+
+        ledger = Ledger()
+        cluster: Cluster
+        if demo:
+            from gas.demo import DemoCluster
+
+            cluster = DemoCluster(ledger, demo_data)
+        else:
+            from gas.kube import KubeCluster, load_api_client
+
+            cluster = KubeCluster(ledger, load_api_client(kubeconfig))
+        cluster.start()
+        return create_app(ledger, cluster, options)
+
+    scheme = "http" if args.unsafe else "https"
+    log.info(
+        "gas %s serving %s://%s:%d (%s)",
+        __version__,
+        scheme,
+        host,
+        args.port,
+        "demo cluster" if demo else "Kubernetes cluster",
+    )
+    server.serve(
+        app_factory,
+        host=host,
+        port=args.port,
+        certfile=None if args.unsafe else cert,
+        keyfile=None if args.unsafe else key,
+        cafile=None if args.unsafe else args.cacert,
+        unsafe=args.unsafe,
+        threads=args.threads,
+    )
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

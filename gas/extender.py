@@ -1,0 +1,347 @@
+"""The HTTP face of gas: the scheduler-extender routes, health, and error mapping.
+
+Wire format as kube-scheduler speaks it: top-level keys are Go field names, read
+case-insensitively and always written with their exact capitalisation. A pod that does not
+fit is a `FailedNodes` entry, never an `Error`; a malformed request is a 400 with a JSON
+body naming the problem; `Error` carries internal failures only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flask import Flask, Response, request
+from werkzeug.exceptions import HTTPException
+
+from gas.allocator import Rejection
+from gas.cluster import BindRejected, BindUncertain, Cluster, ClusterError
+from gas.ledger import Ledger
+from gas.model import (
+    ANNOTATION_CARDS,
+    ANNOTATION_TS,
+    NodeGpu,
+    SpecError,
+    as_list,
+    as_mapping,
+    format_cards,
+    node_from_object,
+    pod_request,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
+MAX_ERROR_LENGTH = 1000
+
+
+@dataclass(frozen=True)
+class Options:
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    # How long a pod seen in a filter call is kept for its bind, which names the pod but
+    # does not carry it; past this (or on a miss) bind reads the pod from the API server.
+    pod_memory_seconds: float = 600.0
+    pod_memory_size: int = 20_000
+
+
+class BadRequest(Exception):
+    """The request body is not what the extender protocol says; answered with 400."""
+
+
+class _PodMemory:
+    """Pods from recent filter calls by UID, so bind does not wait for the watch."""
+
+    def __init__(self, seconds: float, size: int) -> None:
+        self._seconds = seconds
+        self._size = size
+        self._lock = threading.Lock()
+        self._pods: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
+
+    def remember(self, uid: str, pod: dict[str, Any]) -> None:
+        with self._lock:
+            self._pods[uid] = (time.monotonic() + self._seconds, pod)
+            self._pods.move_to_end(uid)
+            while len(self._pods) > self._size:
+                self._pods.popitem(last=False)
+
+    def recall(self, uid: str) -> dict[str, Any] | None:
+        with self._lock:
+            item = self._pods.get(uid)
+            if item is None:
+                return None
+            if item[0] < time.monotonic():
+                del self._pods[uid]
+                return None
+            return item[1]
+
+    def forget(self, uid: str) -> None:
+        with self._lock:
+            self._pods.pop(uid, None)
+
+
+def create_app(ledger: Ledger, cluster: Cluster, options: Options | None = None) -> Flask:
+    options = options or Options()
+    app = Flask("gas")
+    app.config["MAX_CONTENT_LENGTH"] = options.max_request_bytes
+    memory = _PodMemory(options.pod_memory_seconds, options.pod_memory_size)
+
+    @app.post("/scheduler/filter")
+    def filter_route() -> Response:
+        args = _decode_object()
+        pod = args.get("pod")
+        if not isinstance(pod, dict):
+            raise BadRequest("ExtenderArgs.Pod must be a Pod object")
+        names, node_objects = _candidate_nodes(args)
+        if not cluster.synced():
+            return _not_synced(_filter_reply([], {}, {}, node_objects, "gas is not synced"))
+        metadata = as_mapping(pod.get("metadata"))
+        pod_ref = f"{metadata.get('namespace')}/{metadata.get('name')}"
+        try:
+            pod_ask = pod_request(pod)
+        except SpecError as exc:
+            log.info("filter pod=%s rejected on every node: %s", pod_ref, exc)
+            return _filter_reply([], {}, {n: str(exc) for n in names}, node_objects, "")
+        uid = metadata.get("uid")
+        if isinstance(uid, str) and uid:
+            memory.remember(uid, _slim_pod(pod))
+        candidates: list[NodeGpu | str]
+        if node_objects is None:
+            candidates = list(names)
+        else:
+            candidates = [node_from_object(item) for item in node_objects]
+        results = ledger.check(pod_ask, candidates)
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        for name in names:
+            result = results[name]
+            if isinstance(result, Rejection):
+                (unresolvable if result.unresolvable else failed)[name] = result.reason
+            else:
+                passed.append(name)
+        log.info(
+            "filter pod=%s nodes=%d passed=%d failed=%d unresolvable=%d",
+            pod_ref,
+            len(names),
+            len(passed),
+            len(failed),
+            len(unresolvable),
+        )
+        if failed or unresolvable:
+            log.debug("filter pod=%s reasons=%s", pod_ref, {**failed, **unresolvable})
+        kept = None
+        if node_objects is not None:
+            passing = set(passed)
+            kept = [item for item in node_objects if _node_name(item) in passing]
+        return _filter_reply(passed, failed, unresolvable, kept, "")
+
+    @app.post("/scheduler/bind")
+    def bind_route() -> Response:
+        args = _decode_object()
+        fields = {}
+        for key in ("PodName", "PodNamespace", "PodUID", "Node"):
+            value = args.get(key.lower())
+            if not isinstance(value, str) or not value:
+                raise BadRequest(f"ExtenderBindingArgs.{key} must be a non-empty string")
+            fields[key] = value
+        name, namespace, uid, node = (
+            fields["PodName"],
+            fields["PodNamespace"],
+            fields["PodUID"],
+            fields["Node"],
+        )
+        pod_ref = f"{namespace}/{name}"
+        if not cluster.synced():
+            return _not_synced({"Error": "gas is not synced with the cluster yet"})
+        error = _bind(pod_ref, name, namespace, uid, node)
+        if error:
+            log.warning("bind pod=%s uid=%s node=%s failed: %s", pod_ref, uid, node, error)
+        return _json({"Error": _clean(error)})
+
+    def _bind(pod_ref: str, name: str, namespace: str, uid: str, node: str) -> str:
+        pod = memory.recall(uid)
+        meta = as_mapping(pod.get("metadata")) if pod else {}
+        if pod is None or meta.get("name") != name or meta.get("namespace") != namespace:
+            try:
+                pod = cluster.get_pod(namespace, name)
+            except ClusterError as exc:
+                return f"gas could not read pod {pod_ref}: {exc}"
+            if pod is None:
+                return f"pod {pod_ref} does not exist"
+            meta = as_mapping(pod.get("metadata"))
+        if meta.get("uid") != uid:
+            return f"pod {pod_ref} has UID {meta.get('uid')}, not {uid}"
+        try:
+            pod_ask = pod_request(pod)
+        except SpecError as exc:
+            return str(exc)
+        result = ledger.reserve(uid, namespace, name, pod_ask, node)
+        if isinstance(result, Rejection):
+            return f"{result.reason} (node {node})"
+        cards = format_cards(result)
+        annotations = {ANNOTATION_TS: str(time.time_ns()), ANNOTATION_CARDS: cards}
+        try:
+            cluster.bind(pod, node, annotations)
+        except BindRejected as exc:
+            ledger.cancel(uid)
+            return f"the API server refused the binding: {exc}"
+        except (BindUncertain, Exception) as exc:
+            # The write may have landed: keep the cards held until the cluster says.
+            ledger.commit(uid)
+            return f"binding outcome unknown, cards stay held until the cluster shows: {exc}"
+        ledger.commit(uid)
+        memory.forget(uid)
+        log.info("bind pod=%s uid=%s node=%s cards=%s", pod_ref, uid, node, cards)
+        return ""
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        return _json({"status": "ok"})
+
+    @app.get("/readyz")
+    def readyz() -> Response:
+        if cluster.synced():
+            return _json({"status": "ready"})
+        return _json({"status": "not synced with the cluster"}, 503)
+
+    @app.get("/debug/ledger")
+    def ledger_view() -> Response:
+        return _json(ledger.snapshot())
+
+    @app.errorhandler(BadRequest)
+    def bad_request(exc: BadRequest) -> Response:
+        log.info("bad request to %s: %s", request.path, exc)
+        return _json({"Error": _clean(f"bad request: {exc}")}, 400)
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> Response:
+        code = exc.code or 500
+        if code >= 400:
+            log.info("%s %s -> %d", request.method, request.path, code)
+        return _json({"Error": _clean(f"{code} {exc.name}: {exc.description}")}, code)
+
+    @app.errorhandler(Exception)
+    def internal_error(exc: Exception) -> Response:
+        log.exception("internal error on %s %s", request.method, request.path)
+        return _json({"Error": _clean(f"internal error: {type(exc).__name__}: {exc}")}, 500)
+
+    return app
+
+
+# ------------------------------------------------------------------ decoding
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _decode_object() -> dict[str, Any]:
+    """The request body as a JSON object with lower-cased top-level keys."""
+    data = request.get_data(cache=False)
+    try:
+        value = json.loads(data, parse_constant=_reject_constant)
+    except RecursionError:
+        raise BadRequest("JSON nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise BadRequest("body must be a JSON object")
+    lowered: dict[str, Any] = {}
+    for key, item in value.items():
+        # An exact-case key wins over a differently cased duplicate, as in Go.
+        if key.lower() not in lowered or key[:1].isupper():
+            lowered[key.lower()] = item
+    return lowered
+
+
+def _candidate_nodes(args: Mapping[str, Any]) -> tuple[list[str], list[dict[str, Any]] | None]:
+    """Names of the nodes to judge, and the Node objects when the scheduler sent them."""
+    names = args.get("nodenames")
+    if names is not None:
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise BadRequest("ExtenderArgs.NodeNames must be a list of strings")
+        return list(dict.fromkeys(names)), None
+    nodes = args.get("nodes")
+    if nodes is not None:
+        items = nodes.get("items") if isinstance(nodes, dict) else None
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            raise BadRequest("ExtenderArgs.Nodes must be a NodeList with an items list")
+        if not all(_node_name(item) for item in items):
+            raise BadRequest("every node in ExtenderArgs.Nodes needs metadata.name")
+        unique = {_node_name(item): item for item in items}
+        return list(unique), list(unique.values())
+    raise BadRequest("ExtenderArgs carries neither NodeNames nor Nodes")
+
+
+def _node_name(node: Mapping[str, Any]) -> str:
+    name = as_mapping(node.get("metadata")).get("name")
+    return name if isinstance(name, str) else ""
+
+
+def _slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What bind needs of a pod: identity, annotations and container resources."""
+    metadata = as_mapping(pod.get("metadata"))
+    spec = as_mapping(pod.get("spec"))
+
+    def containers(key: str) -> list[dict[str, Any]]:
+        return [
+            {"name": as_mapping(c).get("name"), "resources": as_mapping(c).get("resources")}
+            for c in as_list(spec.get(key))
+        ]
+
+    return {
+        "metadata": {
+            k: metadata[k]
+            for k in ("name", "namespace", "uid", "annotations", "labels")
+            if k in metadata
+        },
+        "spec": {
+            "containers": containers("containers"),
+            "initContainers": containers("initContainers"),
+        },
+    }
+
+
+# ------------------------------------------------------------------ replies
+
+
+def _filter_reply(
+    passed: list[str],
+    failed: dict[str, str],
+    unresolvable: dict[str, str],
+    node_objects: list[dict[str, Any]] | None,
+    error: str,
+) -> Response:
+    return _json(
+        {
+            "Nodes": None if node_objects is None else {"metadata": {}, "items": node_objects},
+            "NodeNames": passed,
+            "FailedNodes": {k: _clean(v) for k, v in failed.items()},
+            "FailedAndUnresolvableNodes": {k: _clean(v) for k, v in unresolvable.items()},
+            "Error": _clean(error),
+        }
+    )
+
+
+def _not_synced(reply: Response | dict[str, Any]) -> Response:
+    response = reply if isinstance(reply, Response) else _json(reply)
+    response.status_code = 503
+    return response
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(json.dumps(body, separators=(",", ":")), status, mimetype="application/json")
+
+
+def _clean(message: str) -> str:
+    """kube-scheduler uses Error strings as format strings, so `%` must not appear."""
+    message = message.replace("%", " percent")
+    if len(message) > MAX_ERROR_LENGTH:
+        message = message[: MAX_ERROR_LENGTH - 3] + "..."
+    return message

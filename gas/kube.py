@@ -1,0 +1,291 @@
+"""The Kubernetes side: list+watch of nodes and pods into the ledger, and the Binding.
+
+Objects are read as plain JSON (`_preload_content=False`) rather than through the client's
+generated models: the ledger wants the wire shape, and model deserialisation would cost
+more than everything else at tens of thousands of pods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from kubernetes import client, config
+
+from gas.cluster import BindRejected, BindUncertain, ClusterError
+from gas.ledger import Ledger, observe_pod
+from gas.model import node_from_object
+
+log = logging.getLogger(__name__)
+
+WATCH_SECONDS = 300
+"""Server-side watch length; the watch is then resumed from the last resourceVersion."""
+BIND_TIMEOUT = (3.0, 8.0)
+"""Connect and read timeouts of the Binding write: inside the scheduler's httpTimeout."""
+
+
+def load_api_client(kubeconfig: str | None) -> client.ApiClient:
+    """In-cluster config when running in a pod, else the kubeconfig file."""
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+        log.info("using in-cluster Kubernetes configuration")
+    except config.ConfigException:
+        if kubeconfig is None:
+            raise
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        log.info("using Kubernetes configuration from %s", kubeconfig)
+    return client.ApiClient(configuration)
+
+
+def in_cluster() -> bool:
+    try:
+        config.load_incluster_config(client_configuration=client.Configuration())
+    except config.ConfigException:
+        return False
+    return True
+
+
+class _Reflector(threading.Thread):
+    """Keeps one kind of object in step with the API server: list, then watch from the
+    list's resourceVersion; resume after a watch ends; relist on 410 Gone; back off and
+    retry on errors."""
+
+    def __init__(
+        self,
+        kind: str,
+        call: Callable[..., Any],
+        on_list: Callable[[list[dict[str, Any]], float], None],
+        on_event: Callable[[str, dict[str, Any]], None],
+        on_health: Callable[[], None],
+        stop: threading.Event,
+    ) -> None:
+        super().__init__(name=f"reflector-{kind}", daemon=True)
+        self.kind = kind
+        self._call = call
+        self._on_list = on_list
+        self._on_event = on_event
+        self._on_health = on_health
+        self._stop_event = stop
+        self.healthy = False
+        self.lists = 0
+        self.watch_restarts = 0
+        self._response: Any = None
+
+    def run(self) -> None:
+        version: str | None = None
+        delay = 0.2
+        while not self._stop_event.is_set():
+            try:
+                if version is None:
+                    version = self._list()
+                version = self._watch(version)
+                delay = 0.2
+            except _Expired:
+                log.info("%s watch expired (410 Gone): relisting", self.kind)
+                version = None
+            except Exception as exc:
+                if self._stop_event.is_set():
+                    break
+                self._set_health(False)
+                log.warning("%s sync failed (%s); retrying in %.1fs", self.kind, exc, delay)
+                self._stop_event.wait(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, 30.0)
+                # A list after an error: events may have been missed while we were away.
+                version = None
+            self.watch_restarts += 1
+
+    def close(self) -> None:
+        response = self._response
+        if response is not None:
+            with contextlib.suppress(Exception):
+                response.shutdown()
+
+    def _list(self) -> str:
+        started = time.monotonic()
+        response = self._call(_preload_content=False, _request_timeout=(5, 60))
+        body = json.loads(response.data)
+        items = body.get("items") or []
+        version = str(body["metadata"]["resourceVersion"])
+        self._on_list(items, started)
+        self.lists += 1
+        log.info("listed %d %s at resourceVersion %s", len(items), self.kind, version)
+        return version
+
+    def _watch(self, version: str) -> str:
+        response = self._call(
+            watch=True,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=WATCH_SECONDS,
+            _preload_content=False,
+            _request_timeout=(5, WATCH_SECONDS + 30),
+        )
+        self._response = response
+        self._set_health(True)
+        try:
+            for event in _json_lines(response):
+                kind = event.get("type")
+                obj = event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Expired()
+                    raise ClusterError(f"watch error: {obj.get('message')}")
+                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                if rv:
+                    version = str(rv)
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    self._on_event(kind, obj)
+        finally:
+            self._response = None
+            response.release_conn()
+        return version
+
+    def _set_health(self, healthy: bool) -> None:
+        if healthy != self.healthy:
+            self.healthy = healthy
+            self._on_health()
+
+
+class _Expired(Exception):
+    pass
+
+
+def _json_lines(response: Any) -> Iterator[dict[str, Any]]:
+    for line in response:
+        line = line.strip()
+        if line:
+            yield json.loads(line)
+
+
+class KubeCluster:
+    """A real cluster through the official client."""
+
+    def __init__(self, ledger: Ledger, api_client: client.ApiClient) -> None:
+        self._ledger = ledger
+        self._core = client.CoreV1Api(api_client)
+        self._stop = threading.Event()
+        self._reflectors = [
+            _Reflector(
+                "nodes",
+                self._core.list_node,
+                self._nodes_listed,
+                self._node_event,
+                self._health_changed,
+                self._stop,
+            ),
+            _Reflector(
+                "pods",
+                self._core.list_pod_for_all_namespaces,
+                self._pods_listed,
+                self._pod_event,
+                self._health_changed,
+                self._stop,
+            ),
+        ]
+
+    # ------------------------------------------------------------ Cluster protocol
+
+    def start(self) -> None:
+        for reflector in self._reflectors:
+            reflector.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for reflector in self._reflectors:
+            reflector.close()
+
+    def synced(self) -> bool:
+        return all(r.healthy for r in self._reflectors)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "lists": sum(r.lists for r in self._reflectors),
+            "watch_restarts": sum(r.watch_restarts for r in self._reflectors),
+        }
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            response: Any = self._core.read_namespaced_pod(
+                name, namespace, _preload_content=False, _request_timeout=(3, 5)
+            )
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise ClusterError(f"reading pod {namespace}/{name}: {_api_message(exc)}") from exc
+        except Exception as exc:
+            raise ClusterError(f"reading pod {namespace}/{name}: {exc}") from exc
+        pod: dict[str, Any] = json.loads(response.data)
+        return pod
+
+    def bind(self, pod: Mapping[str, Any], node: str, annotations: Mapping[str, str]) -> None:
+        metadata = pod.get("metadata") or {}
+        name, namespace = str(metadata.get("name")), str(metadata.get("namespace"))
+        body: Any = client.V1Binding.from_dict(
+            {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "uid": metadata.get("uid"),
+                    "annotations": dict(annotations),
+                },
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+            }
+        )
+        try:
+            self._core.create_namespaced_pod_binding(
+                name, namespace, body, _preload_content=False, _request_timeout=BIND_TIMEOUT
+            )
+        except client.ApiException as exc:
+            message = f"binding {namespace}/{name} to {node}: {_api_message(exc)}"
+            if exc.status is not None and 400 <= exc.status < 500 and exc.status != 429:
+                raise BindRejected(message) from exc
+            raise BindUncertain(message) from exc
+        except Exception as exc:
+            raise BindUncertain(f"binding {namespace}/{name} to {node}: {exc}") from exc
+
+    # ------------------------------------------------------------ watch callbacks
+
+    def _nodes_listed(self, items: list[dict[str, Any]], _started: float) -> None:
+        self._ledger.replace_nodes(node_from_object(item) for item in items)
+
+    def _node_event(self, kind: str, obj: dict[str, Any]) -> None:
+        node = node_from_object(obj)
+        if kind == "DELETED":
+            self._ledger.remove_node(node.name)
+        else:
+            self._ledger.set_node(node)
+
+    def _pods_listed(self, items: list[dict[str, Any]], started: float) -> None:
+        observations = [o for o in map(observe_pod, items) if o is not None]
+        self._ledger.replace_pods(observations, started)
+
+    def _pod_event(self, kind: str, obj: dict[str, Any]) -> None:
+        observation = observe_pod(obj)
+        if observation is None:
+            return
+        if kind == "DELETED":
+            self._ledger.forget(observation.uid)
+        else:
+            self._ledger.observe(observation)
+
+    def _health_changed(self) -> None:
+        log.info("cluster sync %s", "ready" if self.synced() else "not ready")
+
+
+def _api_message(exc: client.ApiException) -> str:
+    try:
+        status = json.loads(exc.body or "")
+        if isinstance(status, dict) and status.get("message"):
+            return f"{exc.status} {status['message']}"
+    except ValueError:
+        pass
+    return f"{exc.status} {exc.reason}"

@@ -1,0 +1,363 @@
+"""The ledger: which pod holds what on which card, and the nodes' capacities.
+
+The API server is the source of truth; the ledger is a cache rebuilt from it. Entries are
+keyed by pod UID and come in three states:
+
+- RESERVED: a bind chose cards and its Binding write is in flight.
+- PENDING: the bind's write succeeded, or its outcome is unknown (timeout, 5xx), and the
+  watch has not yet shown the pod bound. Kept so the cards are not handed out twice in the
+  window before the watch catches up; cleared by the watch or a relist.
+- BOUND: the cluster shows the pod on a node with a `gas-container-cards` annotation.
+
+Over-counting is safe, under-counting is not: an entry only goes away when the cluster
+shows the pod terminal or deleted, when a definitive API rejection cancels a reservation,
+or when a relist started after the bind shows the pod not bound by gas.
+
+One lock guards everything; nothing under it does I/O or parsing.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gas.allocator import Rejection, allocate
+from gas.model import (
+    ANNOTATION_CARDS,
+    Allocation,
+    NodeGpu,
+    PodRequest,
+    SpecError,
+    allocation_usage,
+    as_mapping,
+    is_card_name,
+    parse_cards,
+    pod_request,
+)
+
+log = logging.getLogger(__name__)
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+class State(enum.Enum):
+    RESERVED = "reserved"
+    PENDING = "pending"
+    BOUND = "bound"
+
+
+@dataclass(frozen=True)
+class PodHolding:
+    """What one pod holds on one node, as derived from its annotation or a bind."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    allocation: Allocation
+    usage: Mapping[str, Mapping[str, int]]
+    # Fail closed: cards named by an annotation that could not be read count as full;
+    # when no card can be made out at all, the whole node does.
+    blocked_cards: frozenset[str] = frozenset()
+    blocks_node: bool = False
+
+
+@dataclass
+class _Entry:
+    holding: PodHolding
+    state: State
+    since: float
+
+
+@dataclass(frozen=True)
+class PodObservation:
+    """A pod as the cluster shows it, reduced to what the ledger needs (built off-lock)."""
+
+    uid: str
+    namespace: str
+    name: str
+    terminal: bool
+    holding: PodHolding | None  # None: not bound by gas (no node or no annotation)
+
+
+def observe_pod(pod: Mapping[str, Any]) -> PodObservation | None:
+    """Reduce a v1.Pod (JSON dict) to an observation; None when it has no UID."""
+    metadata = as_mapping(pod.get("metadata"))
+    uid = metadata.get("uid")
+    if not isinstance(uid, str) or not uid:
+        return None
+    namespace = str(metadata.get("namespace") or "")
+    name = str(metadata.get("name") or "")
+    terminal = as_mapping(pod.get("status")).get("phase") in TERMINAL_PHASES
+    node = as_mapping(pod.get("spec")).get("nodeName")
+    cards = as_mapping(metadata.get("annotations")).get(ANNOTATION_CARDS)
+    holding = None
+    if isinstance(node, str) and node and cards is not None:
+        holding = holding_from_annotation(uid, namespace, name, node, pod, cards)
+    return PodObservation(uid, namespace, name, terminal, holding)
+
+
+def holding_from_annotation(
+    uid: str, namespace: str, name: str, node: str, pod: Mapping[str, Any], cards: object
+) -> PodHolding:
+    """The usage a bound pod's annotation implies; fails closed when it cannot be read."""
+    try:
+        if not isinstance(cards, str):
+            raise SpecError(f"{ANNOTATION_CARDS} is not a string")
+        request = pod_request(pod)
+        allocation = parse_cards(cards, len(request.containers))
+        usage = allocation_usage(request, allocation)
+    except SpecError as exc:
+        text = cards if isinstance(cards, str) else ""
+        named = frozenset(part for part in text.replace("|", ",").split(",") if is_card_name(part))
+        log.warning(
+            "pod %s/%s (uid %s) on node %s: cannot account %s=%r (%s); "
+            "counting %s as full until the pod goes away",
+            namespace,
+            name,
+            uid,
+            node,
+            ANNOTATION_CARDS,
+            text[:200],
+            exc,
+            ",".join(sorted(named)) if named else "the whole node",
+        )
+        return PodHolding(
+            uid, namespace, name, node, (), {}, blocked_cards=named, blocks_node=not named
+        )
+    return PodHolding(uid, namespace, name, node, allocation, usage)
+
+
+@dataclass
+class _NodeBook:
+    usage: dict[str, dict[str, int]] = field(default_factory=dict)
+    blocked: dict[str, int] = field(default_factory=dict)  # card -> pods blocking it
+    blocking_pods: int = 0
+
+
+class Ledger:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._nodes: dict[str, NodeGpu] = {}
+        self._entries: dict[str, _Entry] = {}
+        self._books: dict[str, _NodeBook] = {}
+
+    # ------------------------------------------------------------ nodes
+
+    def set_node(self, node: NodeGpu) -> None:
+        with self._lock:
+            self._nodes[node.name] = node
+
+    def remove_node(self, name: str) -> None:
+        # Usage stays: pods on a deleted node are released by their own events.
+        with self._lock:
+            self._nodes.pop(name, None)
+
+    def replace_nodes(self, nodes: Iterable[NodeGpu]) -> None:
+        fresh = {node.name: node for node in nodes}
+        with self._lock:
+            self._nodes = fresh
+
+    def node(self, name: str) -> NodeGpu | None:
+        with self._lock:
+            return self._nodes.get(name)
+
+    def node_names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._nodes)
+
+    # ------------------------------------------------------------ cluster truth
+
+    def observe(self, observation: PodObservation) -> None:
+        """Apply a pod ADDED/MODIFIED event."""
+        now = self._clock()
+        with self._lock:
+            entry = self._entries.get(observation.uid)
+            if observation.terminal:
+                if entry is not None:
+                    self._drop(observation.uid)
+            elif observation.holding is not None:
+                self._put(observation.holding, State.BOUND, now)
+            elif entry is not None and entry.state is State.BOUND:
+                # The cluster no longer shows gas's annotation on a bound pod.
+                self._drop(observation.uid)
+
+    def forget(self, uid: str) -> None:
+        """Apply a pod DELETED event."""
+        with self._lock:
+            if uid in self._entries:
+                self._drop(uid)
+
+    def replace_pods(self, observations: Iterable[PodObservation], listed_at: float) -> None:
+        """Rebuild from a full pod list whose request started at `listed_at` (clock time).
+
+        Reservations in flight survive, and so do PENDING entries newer than the list,
+        which may predate their Binding.
+        """
+        bound = [o.holding for o in observations if o.holding is not None and not o.terminal]
+        terminal = {o.uid for o in observations if o.terminal}
+        with self._lock:
+            keep = [
+                e
+                for uid, e in self._entries.items()
+                if uid not in terminal
+                and (
+                    e.state is State.RESERVED or (e.state is State.PENDING and e.since >= listed_at)
+                )
+            ]
+            self._entries = {}
+            self._books = {}
+            for entry in keep:
+                self._put(entry.holding, entry.state, entry.since)
+            for holding in bound:
+                self._put(holding, State.BOUND, listed_at)
+
+    # ------------------------------------------------------------ scheduler side
+
+    def check(
+        self, request: PodRequest, nodes: Iterable[NodeGpu | str]
+    ) -> dict[str, Allocation | Rejection]:
+        """Fit `request` on each node (by name from the cache, or as given); reserves nothing."""
+        results: dict[str, Allocation | Rejection] = {}
+        with self._lock:
+            for item in nodes:
+                node = self._nodes.get(item) if isinstance(item, str) else item
+                name = item if isinstance(item, str) else item.name
+                if node is None:
+                    results[name] = Rejection("gpu: node is not known to gas", False)
+                    continue
+                results[name] = self._fit(node, request)
+        return results
+
+    def reserve(
+        self, uid: str, namespace: str, name: str, request: PodRequest, node_name: str
+    ) -> Allocation | Rejection:
+        """Choose cards on `node_name` and hold them for the pod until commit or cancel."""
+        now = self._clock()
+        with self._lock:
+            node = self._nodes.get(node_name)
+            if node is None:
+                return Rejection("gpu: node is not known to gas", False)
+            entry = self._entries.get(uid)
+            if entry is not None and entry.state is State.BOUND:
+                return Rejection(f"gpu: pod is already bound to {entry.holding.node}", True)
+            if entry is not None and entry.state is State.RESERVED:
+                return Rejection("gpu: a bind for this pod is already in progress", False)
+            if entry is not None:
+                # An earlier bind of this pod whose outcome was unknown: this one replaces it.
+                self._drop(uid)
+            result = self._fit(node, request)
+            if isinstance(result, Rejection):
+                return result
+            holding = PodHolding(
+                uid, namespace, name, node_name, result, allocation_usage(request, result)
+            )
+            self._put(holding, State.RESERVED, now)
+            return result
+
+    def commit(self, uid: str) -> None:
+        """The Binding exists (or may exist): keep the cards until the watch confirms."""
+        now = self._clock()
+        with self._lock:
+            entry = self._entries.get(uid)
+            if entry is not None and entry.state is State.RESERVED:
+                entry.state = State.PENDING
+                entry.since = now
+
+    def cancel(self, uid: str) -> None:
+        """The Binding was definitively refused: give the cards back."""
+        with self._lock:
+            entry = self._entries.get(uid)
+            if entry is not None and entry.state is State.RESERVED:
+                self._drop(uid)
+
+    # ------------------------------------------------------------ inspection
+
+    def usage(self, node: str) -> dict[str, dict[str, int]]:
+        with self._lock:
+            book = self._books.get(node)
+            return {c: dict(r) for c, r in book.usage.items()} if book else {}
+
+    def holdings(self) -> dict[str, tuple[PodHolding, State]]:
+        with self._lock:
+            return {uid: (e.holding, e.state) for uid, e in self._entries.items()}
+
+    def snapshot(self) -> dict[str, Any]:
+        """A JSON-able view for debugging and the invariant checks of the test suite."""
+        with self._lock:
+            return {
+                "nodes": {
+                    name: {
+                        "cards": list(n.cards),
+                        "capacity": dict(n.capacity),
+                        "problem": n.problem,
+                    }
+                    for name, n in sorted(self._nodes.items())
+                },
+                "usage": {
+                    node: {c: dict(r) for c, r in sorted(book.usage.items())}
+                    for node, book in sorted(self._books.items())
+                    if book.usage
+                },
+                "pods": {
+                    uid: {
+                        "namespace": e.holding.namespace,
+                        "name": e.holding.name,
+                        "node": e.holding.node,
+                        "cards": [list(c) for c in e.holding.allocation],
+                        "state": e.state.value,
+                        "blocked_cards": sorted(e.holding.blocked_cards),
+                        "blocks_node": e.holding.blocks_node,
+                    }
+                    for uid, e in sorted(self._entries.items())
+                },
+            }
+
+    # ------------------------------------------------------------ internals (lock held)
+
+    def _fit(self, node: NodeGpu, request: PodRequest) -> Allocation | Rejection:
+        book = self._books.get(node.name)
+        if book is None:
+            return allocate(node, {}, request)
+        blocked = frozenset(c for c, n in book.blocked.items() if n > 0)
+        return allocate(
+            node, book.usage, request, blocked=blocked, node_blocked=book.blocking_pods > 0
+        )
+
+    def _put(self, holding: PodHolding, state: State, since: float) -> None:
+        if holding.uid in self._entries:
+            self._drop(holding.uid)
+        self._entries[holding.uid] = _Entry(holding, state, since)
+        self._apply(holding, +1)
+
+    def _drop(self, uid: str) -> None:
+        entry = self._entries.pop(uid)
+        self._apply(entry.holding, -1)
+
+    def _apply(self, holding: PodHolding, sign: int) -> None:
+        book = self._books.setdefault(holding.node, _NodeBook())
+        for card, resources in holding.usage.items():
+            card_usage = book.usage.setdefault(card, {})
+            for res, amount in resources.items():
+                value = card_usage.get(res, 0) + sign * amount
+                if value:
+                    card_usage[res] = value
+                else:
+                    card_usage.pop(res, None)
+            if not card_usage:
+                del book.usage[card]
+        for card in holding.blocked_cards:
+            count = book.blocked.get(card, 0) + sign
+            if count:
+                book.blocked[card] = count
+            else:
+                book.blocked.pop(card, None)
+        book.blocking_pods += sign if holding.blocks_node else 0
+        if not book.usage and not book.blocked and not book.blocking_pods:
+            del self._books[holding.node]

@@ -1,0 +1,381 @@
+"""Serve the extender's Flask app with gunicorn, in-process, over HTTPS.
+
+One worker process with a pool of threads: the ledger lives in process memory, and a
+second worker would hold a second, diverging ledger. The app is built inside the worker
+(``preload_app`` off) because it starts background threads (list+watch), and threads do not
+survive the fork from the gunicorn master.
+
+TLS goes through gunicorn's ``ssl_context`` hook so that the policy of
+``gas.tls.server_ssl_context`` applies (TLS >= 1.2, ECDHE+AEAD, optional mTLS) rather than
+gunicorn's defaults. gunicorn asks the hook for a context on every new connection; the hook
+hands out one cached context and rebuilds it when the certificate files change, so a
+renewed certificate (cert-manager, a rotated Secret) is picked up without a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import ssl
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from gunicorn.app.base import BaseApplication  # type: ignore[import-untyped]
+
+from gas.tls import TLS12_CIPHERS, TLSConfigError, server_ssl_context
+
+if TYPE_CHECKING:
+    import flask
+
+__all__ = ["DEFAULT_PORT", "build_options", "serve"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9001
+
+# gunicorn's parser never accepts a longer request line than this, whatever it is told.
+_GUNICORN_MAX_REQUEST_LINE = 8190
+
+# How often, at most, the certificate files are checked for a change.
+_RELOAD_CHECK_INTERVAL = 1.0
+
+_FileStamp = tuple[int, int, int, int] | None
+
+
+def _stamp(path: str) -> _FileStamp:
+    # stat() follows symlinks, so the atomic "..data" symlink swap that Kubernetes does
+    # when a mounted Secret changes shows up as a new inode.
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class _ReloadingContext:
+    """gunicorn ``ssl_context`` hook: one shared context, rebuilt when its files change.
+
+    A failed rebuild (files caught half-rotated, key not matching the new certificate yet)
+    keeps the previous context and is retried when the files change again.
+    """
+
+    def __init__(
+        self,
+        certfile: str,
+        keyfile: str,
+        cafile: str | None,
+        handshake_timeout: float | None,
+    ) -> None:
+        self._certfile = certfile
+        self._keyfile = keyfile
+        self._cafile = cafile
+        self._handshake_timeout = handshake_timeout
+        self._paths = tuple(p for p in (certfile, keyfile, cafile) if p is not None)
+        self._stamps = self._current_stamps()
+        self._context = self._build()
+        self._next_check = time.monotonic() + _RELOAD_CHECK_INTERVAL
+        self._lock = threading.Lock()
+
+    def _current_stamps(self) -> tuple[_FileStamp, ...]:
+        return tuple(_stamp(p) for p in self._paths)
+
+    def _build(self) -> ssl.SSLContext:
+        return server_ssl_context(
+            self._certfile,
+            self._keyfile,
+            self._cafile,
+            handshake_timeout=self._handshake_timeout,
+        )
+
+    def __call__(
+        self, config: Any, default_factory: Callable[[], ssl.SSLContext]
+    ) -> ssl.SSLContext:
+        if time.monotonic() >= self._next_check and self._lock.acquire(blocking=False):
+            # Connections arriving while another thread checks use the current context.
+            try:
+                self._next_check = time.monotonic() + _RELOAD_CHECK_INTERVAL
+                self._maybe_reload()
+            finally:
+                self._lock.release()
+        return self._context
+
+    def _maybe_reload(self) -> None:
+        stamps = self._current_stamps()
+        if stamps == self._stamps:
+            return
+        self._stamps = stamps
+        if None in stamps:
+            log.warning("TLS files changed and one is missing; keeping the current certificate")
+            return
+        try:
+            context = self._build()
+        except TLSConfigError as exc:
+            log.error("TLS files changed but cannot be loaded, keeping the current ones: %s", exc)
+            return
+        self._context = context
+        log.info("TLS certificate reloaded from %s", self._certfile)
+
+
+def _bind_address(host: str, port: int) -> str:
+    bare = host.strip()
+    if bare.startswith("[") and bare.endswith("]"):
+        bare = bare[1:-1]
+    if not bare:
+        raise ValueError("host must not be empty (use 0.0.0.0 or ::)")
+    if ":" in bare:
+        return f"[{bare}]:{port}"
+    return f"{bare}:{port}"
+
+
+def _worker_tmp_dir() -> str | None:
+    # gunicorn's heartbeat file: /dev/shm keeps it off a possibly read-only or slow disk,
+    # which would otherwise make a healthy worker look hung and get it killed.
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK):
+        return shm
+    return None
+
+
+def _thread_stacks() -> str:
+    names = {t.ident: t.name for t in threading.enumerate()}
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        parts.append(f"--- thread {names.get(ident, '?')} ({ident}) ---\n")
+        parts.extend(traceback.format_stack(frame))
+    return "".join(parts)
+
+
+def _on_worker_abort(worker: Any) -> None:
+    # SIGABRT from the master means the worker's main loop stopped reporting for `timeout`
+    # seconds. The stacks show where it was stuck; the master then starts a new worker,
+    # which rebuilds its state from the cluster.
+    worker.log.critical(
+        "worker %s aborted by the master (no heartbeat within the timeout); thread stacks:\n%s",
+        worker.pid,
+        _thread_stacks(),
+    )
+
+
+def _make_worker_exit_hook(
+    on_worker_exit: Callable[[], None] | None,
+) -> Callable[[Any, Any], None]:
+    def worker_exit(server: Any, worker: Any) -> None:
+        # Runs in the worker after it stopped serving, before the interpreter joins
+        # non-daemon threads: the last chance to stop background threads cleanly.
+        worker.log.info("worker %s stopped serving", worker.pid)
+        if on_worker_exit is None:
+            return
+        try:
+            on_worker_exit()
+        except Exception:
+            worker.log.exception("on_worker_exit callback failed")
+
+    return worker_exit
+
+
+class _GasApplication(BaseApplication):  # type: ignore[misc]
+    """A gunicorn application configured from a dict, loading the app lazily."""
+
+    def __init__(self, app_factory: Callable[[], flask.Flask], options: dict[str, Any]) -> None:
+        self._app_factory = app_factory
+        self._options = options
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in self._options.items():
+            self.cfg.set(key, value)
+
+    def load(self) -> flask.Flask:
+        # Called by the worker (preload_app is off), after the fork.
+        return self._app_factory()
+
+
+def _check_positive(name: str, value: float, minimum: float = 1) -> None:
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum:g}, got {value!r}")
+
+
+def _ensure_logging(log_level: str) -> None:
+    # gunicorn configures only its own loggers. Without any handler, the app's records
+    # below WARNING would be lost; a caller that set up logging keeps its configuration.
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    logging.basicConfig(
+        level=log_level.upper(),
+        stream=sys.stderr,
+        format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S %z",
+    )
+
+
+def build_options(
+    *,
+    host: str = "0.0.0.0",
+    port: int = DEFAULT_PORT,
+    certfile: str | None = None,
+    keyfile: str | None = None,
+    cafile: str | None = None,
+    unsafe: bool = False,
+    threads: int = 8,
+    timeout: int = 30,
+    graceful_timeout: int = 20,
+    keepalive: int = 75,
+    max_request_header_bytes: int = 8190,
+    handshake_timeout: float | None = 10.0,
+    access_log: bool = False,
+    log_level: str = "info",
+    on_worker_exit: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """The gunicorn settings ``serve`` uses; validates arguments and TLS files.
+
+    Raises ``TLSConfigError`` for TLS problems and ``ValueError`` for other bad arguments,
+    before anything listens.
+    """
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port must be between 1 and 65535, got {port}")
+    _check_positive("threads", threads)
+    _check_positive("timeout", timeout)
+    _check_positive("graceful_timeout", graceful_timeout, 0)
+    _check_positive("keepalive", keepalive, 0)
+    _check_positive("max_request_header_bytes", max_request_header_bytes, 256)
+    if handshake_timeout is not None:
+        _check_positive("handshake_timeout", handshake_timeout, 0.001)
+    level = log_level.lower()
+    if level not in {"debug", "info", "warning", "error", "critical"}:
+        raise ValueError(f"unknown log level {log_level!r}")
+
+    options: dict[str, Any] = {
+        "bind": [_bind_address(host, port)],
+        # Exactly one worker: the ledger is per process (see the module docstring).
+        "workers": 1,
+        "worker_class": "gthread",
+        "threads": threads,
+        "preload_app": False,
+        # A restarting worker would drop the ledger and its in-flight reservations.
+        "max_requests": 0,
+        "timeout": timeout,
+        "graceful_timeout": graceful_timeout,
+        "keepalive": keepalive,
+        "limit_request_line": min(max_request_header_bytes, _GUNICORN_MAX_REQUEST_LINE),
+        "limit_request_field_size": max_request_header_bytes,
+        "accesslog": "-" if access_log else None,
+        "errorlog": "-",
+        "loglevel": level,
+        "proc_name": "gas",
+        # gunicorn >= 25 opens a control socket under $HOME or $XDG_RUNTIME_DIR by default:
+        # nothing uses it here, it fails on read-only filesystems, and two servers for the
+        # same user would fight over the same path.
+        "control_socket_disable": True,
+        "worker_tmp_dir": _worker_tmp_dir(),
+        "worker_abort": _on_worker_abort,
+        "worker_exit": _make_worker_exit_hook(on_worker_exit),
+    }
+    if unsafe:
+        if certfile or keyfile or cafile:
+            log.warning("--unsafe given: serving plain HTTP, the TLS files are ignored")
+        return options
+
+    missing = [name for name, value in (("certfile", certfile), ("keyfile", keyfile)) if not value]
+    if missing or certfile is None or keyfile is None:
+        raise TLSConfigError(
+            "HTTPS needs a certificate and a key but "
+            + " and ".join(missing)
+            + (" is" if len(missing) == 1 else " are")
+            + " not set; give both, or choose plain HTTP explicitly with unsafe=True (--unsafe)"
+        )
+    # Built here, in the calling process, so that a bad file fails before gunicorn starts
+    # (gunicorn would only log it and exit); the worker inherits this context.
+    hook = _ReloadingContext(certfile, keyfile, cafile, handshake_timeout)
+    options.update(
+        {
+            # gunicorn decides "is this HTTPS" from certfile/keyfile and checks that they
+            # exist; the context itself comes from the hook.
+            "certfile": certfile,
+            "keyfile": keyfile,
+            "ca_certs": cafile,
+            "cert_reqs": ssl.CERT_REQUIRED if cafile else ssl.CERT_NONE,
+            "ciphers": TLS12_CIPHERS,
+            # The handshake runs inside wrap_socket, where ServerSSLContext bounds it in
+            # time; gunicorn's own later do_handshake() call is then skipped.
+            "do_handshake_on_connect": True,
+            "ssl_context": hook,
+        }
+    )
+    return options
+
+
+def serve(
+    app_factory: Callable[[], flask.Flask],
+    *,
+    host: str = "0.0.0.0",
+    port: int = DEFAULT_PORT,
+    certfile: str | None = None,
+    keyfile: str | None = None,
+    cafile: str | None = None,
+    unsafe: bool = False,
+    threads: int = 8,
+    timeout: int = 30,
+    graceful_timeout: int = 20,
+    keepalive: int = 75,
+    max_request_header_bytes: int = 8190,
+    handshake_timeout: float | None = 10.0,
+    access_log: bool = False,
+    log_level: str = "info",
+    on_worker_exit: Callable[[], None] | None = None,
+) -> NoReturn:
+    """Run the app under gunicorn until SIGTERM/SIGINT; never returns.
+
+    The calling process becomes the gunicorn master: call this from the main thread,
+    before starting any thread or client (they would not survive the fork). The master
+    forks one worker, which calls ``app_factory()``; build everything stateful there. If
+    the worker dies, the master starts a new one, which calls ``app_factory()`` again.
+
+    HTTPS with ``certfile``/``keyfile`` (mutual TLS when ``cafile`` is given) unless
+    ``unsafe``. ``host`` "0.0.0.0" listens on IPv4; "::" (or "[::]") on IPv6, which on
+    Linux also accepts IPv4 unless the host disables dual-stack sockets.
+
+    ``timeout``: a worker whose main loop is stuck that long is killed and replaced.
+    ``graceful_timeout``: after SIGTERM, in-flight requests get this long to finish.
+    ``keepalive``: idle seconds before a kept-alive connection is closed.
+    ``max_request_header_bytes``: limit for each header line and the request line.
+    ``handshake_timeout``: a client that does not finish the TLS handshake in time is
+    dropped, so that stalled handshakes cannot tie up the worker's threads.
+    ``on_worker_exit``: called in the worker after it stopped serving, to stop background
+    threads started by ``app_factory`` (non-daemon threads would otherwise keep the worker
+    alive until the master kills it at ``graceful_timeout``).
+
+    Exits through ``SystemExit``: 0 after a clean shutdown, 3 if the worker failed to boot
+    (``app_factory`` raised), 1 if the address cannot be bound. In the worker process,
+    ``SystemExit`` also ends the process; do not catch it around this call.
+    Raises ``TLSConfigError`` or ``ValueError`` for a bad configuration before listening.
+    """
+    _ensure_logging(log_level)
+    options = build_options(
+        host=host,
+        port=port,
+        certfile=certfile,
+        keyfile=keyfile,
+        cafile=cafile,
+        unsafe=unsafe,
+        threads=threads,
+        timeout=timeout,
+        graceful_timeout=graceful_timeout,
+        keepalive=keepalive,
+        max_request_header_bytes=max_request_header_bytes,
+        handshake_timeout=handshake_timeout,
+        access_log=access_log,
+        log_level=log_level,
+        on_worker_exit=on_worker_exit,
+    )
+    if unsafe:
+        log.warning(
+            "serving plain HTTP on %s: no TLS, no client authentication", options["bind"][0]
+        )
+    _GasApplication(app_factory, options).run()
+    # Arbiter.run() always leaves through sys.exit(); this is for the type checker.
+    raise SystemExit(0)  # pragma: no cover

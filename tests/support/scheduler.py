@@ -1,0 +1,233 @@
+"""A kube-scheduler emulator that calls gas the way kube-scheduler v1.28 does.
+
+What it copies (see ../shared/reference/extender-protocol.md, sections 0, 1 and 2):
+- one scheduling cycle at a time: resource-fit filtering of its own (extended resources
+  counted against allocatable, including pods it has assumed but not yet bound), then the
+  extender's filter with `NodeNames` (or full `Nodes`), then a node pick, then "assume";
+- binding runs asynchronously, so the next pod's filter can reach gas while earlier binds
+  are still in flight;
+- the wire: POST, only `Content-Type: application/json`, compact JSON, exact capitalised
+  keys, one attempt, a client timeout; a reply counts only with status 200 and a JSON body;
+  `Error` makes the call a failure; a `NodeNames` entry not in the input is an error;
+- the extender is asked only about pods that name a managed resource.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+from gas.model import RESOURCE_PREFIX, as_list, as_mapping
+from gas.quantity import parse_quantity
+from tests.support.apiserver import ApiServerDouble
+
+MANAGED = ("gpu.intel.com/i915", "gpu.intel.com/xe")
+
+
+@dataclass
+class Outcome:
+    pod: str
+    node: str | None = None
+    bound: bool = False
+    error: str = ""
+    failed_nodes: dict[str, str] = field(default_factory=dict)
+    unresolvable_nodes: dict[str, str] = field(default_factory=dict)
+
+
+class ExtenderCallError(Exception):
+    pass
+
+
+class SchedulerEmulator:
+    def __init__(
+        self,
+        api: ApiServerDouble,
+        url: str,
+        *,
+        cert: tuple[str, str] | None = None,
+        verify: str | bool = False,
+        node_cache_capable: bool = True,
+        timeout: float = 10.0,
+        seed: int = 0,
+        bind_workers: int = 8,
+    ) -> None:
+        self.api = api
+        self.url = url.rstrip("/")
+        self.node_cache_capable = node_cache_capable
+        self.timeout = timeout
+        self.random = random.Random(seed)
+        self._session = requests.Session()
+        self._session.cert = cert
+        self._session.verify = verify
+        self._assumed: dict[str, tuple[str, dict[str, int]]] = {}  # uid -> (node, requests)
+        self._lock = threading.Lock()
+        self._binder = ThreadPoolExecutor(max_workers=bind_workers)
+
+    def close(self) -> None:
+        self._binder.shutdown(wait=True)
+        self._session.close()
+
+    # ------------------------------------------------------------ the wire
+
+    def call(self, verb: str, body: Mapping[str, Any]) -> Any:
+        data = json.dumps(body, separators=(",", ":"))
+        response = self._session.post(
+            f"{self.url}/{verb}",
+            data=data,
+            headers={"Content-Type": "application/json"},
+            timeout=self.timeout,
+        )
+        if response.status_code != 200:
+            raise ExtenderCallError(f"{verb}: code {response.status_code}: {response.text}")
+        if not response.content:
+            raise ExtenderCallError(f"{verb}: EOF")
+        return response.json()
+
+    # ------------------------------------------------------------ one cycle
+
+    def schedule(self, namespace: str, name: str) -> Future[Outcome]:
+        """Run one scheduling cycle now; the binding cycle completes in the future."""
+        pod = self.api.get_pod(namespace, name)
+        if pod is None:
+            raise KeyError(f"{namespace}/{name}")
+        outcome = Outcome(pod=f"{namespace}/{name}")
+        feasible = self._fit_nodes(pod)
+        if feasible and _interested(pod):
+            try:
+                feasible = self._extender_filter(pod, feasible, outcome)
+            except (ExtenderCallError, requests.RequestException, ValueError) as exc:
+                outcome.error = f"filter: {exc}"
+                return _done(outcome)
+        if not feasible:
+            outcome.error = outcome.error or "unschedulable"
+            return _done(outcome)
+        node = feasible[0] if len(feasible) == 1 else self.random.choice(feasible)
+        outcome.node = node
+        uid = pod["metadata"]["uid"]
+        with self._lock:
+            self._assumed[uid] = (node, _pod_requests(pod))
+        return self._binder.submit(self._bind, pod, node, outcome)
+
+    def schedule_now(self, namespace: str, name: str) -> Outcome:
+        return self.schedule(namespace, name).result()
+
+    def _extender_filter(
+        self, pod: dict[str, Any], nodes: list[str], outcome: Outcome
+    ) -> list[str]:
+        body: dict[str, Any] = {"Pod": pod}
+        if self.node_cache_capable:
+            body.update(Nodes=None, NodeNames=nodes)
+        else:
+            wanted = set(nodes)
+            items = [n for n in self.api.list_nodes() if n["metadata"]["name"] in wanted]
+            body.update(Nodes={"metadata": {}, "items": items}, NodeNames=None)
+        reply = self.call("scheduler/filter", body)
+        if reply is None:
+            return []
+        if reply.get("Error"):
+            raise ExtenderCallError(reply["Error"])
+        outcome.failed_nodes = dict(reply.get("FailedNodes") or {})
+        outcome.unresolvable_nodes = dict(reply.get("FailedAndUnresolvableNodes") or {})
+        if self.node_cache_capable and reply.get("NodeNames") is not None:
+            names = list(reply["NodeNames"])
+            unknown = [n for n in names if n not in nodes]
+            if unknown:
+                raise ExtenderCallError(f"extender claims unknown nodes {unknown}")
+            return names
+        if reply.get("Nodes") is not None:
+            return [n["metadata"]["name"] for n in reply["Nodes"].get("items") or []]
+        return []
+
+    def _bind(self, pod: dict[str, Any], node: str, outcome: Outcome) -> Outcome:
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        try:
+            if _interested(pod):
+                reply = self.call(
+                    "scheduler/bind",
+                    {
+                        "PodName": meta["name"],
+                        "PodNamespace": meta["namespace"],
+                        "PodUID": uid,
+                        "Node": node,
+                    },
+                )
+                if reply and reply.get("Error"):
+                    raise ExtenderCallError(reply["Error"])
+            else:
+                raise ExtenderCallError("emulator only binds through the extender")
+            outcome.bound = True
+        except (ExtenderCallError, requests.RequestException, ValueError) as exc:
+            outcome.error = f"bind: {exc}"
+        finally:
+            with self._lock:
+                self._assumed.pop(uid, None)
+        return outcome
+
+    # ------------------------------------------------------------ NodeResourcesFit
+
+    def _fit_nodes(self, pod: dict[str, Any]) -> list[str]:
+        """Nodes whose allocatable covers the pod's extended requests, as the scheduler's
+        own NodeResourcesFit plugin sees it (totals per node, not per card)."""
+        want = _pod_requests(pod)
+        used: dict[str, dict[str, int]] = {}
+        for other in self.api.list_pods():
+            node = other.get("spec", {}).get("nodeName")
+            if node and other.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
+                _add(used.setdefault(node, {}), _pod_requests(other))
+        with self._lock:
+            for node, requests_ in self._assumed.values():
+                _add(used.setdefault(node, {}), requests_)
+        result = []
+        nodes = self.api.list_nodes()
+        self.random.shuffle(nodes)  # the scheduler rotates its starting node
+        for node in nodes:
+            name = node["metadata"]["name"]
+            allocatable = node.get("status", {}).get("allocatable") or {}
+            if all(
+                res in allocatable
+                and parse_quantity(allocatable[res]) - used.get(name, {}).get(res, 0) >= amount
+                for res, amount in want.items()
+                if amount > 0
+            ):
+                result.append(name)
+        return result
+
+
+def _interested(pod: Mapping[str, Any]) -> bool:
+    spec = as_mapping(pod.get("spec"))
+    for container in as_list(spec.get("containers")) + as_list(spec.get("initContainers")):
+        resources = as_mapping(as_mapping(container).get("resources"))
+        keys = set(as_mapping(resources.get("requests"))) | set(as_mapping(resources.get("limits")))
+        if keys & set(MANAGED):
+            return True
+    return False
+
+
+def _pod_requests(pod: Mapping[str, Any]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for container in as_list(as_mapping(pod.get("spec")).get("containers")):
+        resources = as_mapping(as_mapping(container).get("resources"))
+        merged = {**as_mapping(resources.get("limits")), **as_mapping(resources.get("requests"))}
+        for res, quantity in merged.items():
+            if res.startswith(RESOURCE_PREFIX):
+                total[res] = total.get(res, 0) + parse_quantity(quantity)
+    return total
+
+
+def _add(into: dict[str, int], more: Mapping[str, int]) -> None:
+    for res, amount in more.items():
+        into[res] = into.get(res, 0) + amount
+
+
+def _done(outcome: Outcome) -> Future[Outcome]:
+    future: Future[Outcome] = Future()
+    future.set_result(outcome)
+    return future

@@ -1,0 +1,156 @@
+"""`gas serve` as a user starts it: the demo quick start, GAS-style flags, clear failures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from gas.cli import _go_style, build_parser
+from tests.support.gasproc import free_port
+
+GPU_POD = {
+    "metadata": {"name": "demo-pod", "namespace": "default", "uid": "uid-demo-pod"},
+    "spec": {
+        "containers": [
+            {
+                "name": "app",
+                "resources": {
+                    "limits": {"gpu.intel.com/i915": "1", "gpu.intel.com/memory.max": "6Gi"}
+                },
+            }
+        ]
+    },
+}
+
+
+@pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
+def test_demo_quick_start_filters_and_binds_over_https(tmp_path: Path) -> None:
+    """No kubeconfig, no flags: the built-in demo cluster, a throwaway certificate, HTTPS."""
+    port = free_port()
+    user = subprocess.Popen(
+        [sys.executable, "-m", "gas.cli", "serve", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
+    try:
+        url = f"https://127.0.0.1:{port}"
+        _wait(url + "/readyz")
+        reply = requests.post(
+            url + "/scheduler/filter",
+            json={"Pod": GPU_POD, "NodeNames": ["demo-1card", "demo-2cards", "demo-cpu-only"]},
+            verify=False,
+            timeout=5,
+        ).json()
+        # demo-1card (8Gi, one card) and demo-2cards (8Gi per card, card0 holds 6Gi) fit.
+        assert reply["NodeNames"] == ["demo-1card", "demo-2cards"]
+        assert "demo-cpu-only" in reply["FailedAndUnresolvableNodes"]
+        bound = requests.post(
+            url + "/scheduler/bind",
+            json={
+                "PodName": "demo-pod",
+                "PodNamespace": "default",
+                "PodUID": "uid-demo-pod",
+                "Node": "demo-2cards",
+            },
+            verify=False,
+            timeout=5,
+        ).json()
+        assert bound == {"Error": ""}
+        ledger = requests.get(url + "/debug/ledger", verify=False, timeout=5).json()
+        assert ledger["pods"]["uid-demo-pod"]["cards"] == [["card1"]]
+        # The same pod again: card1 now holds 6Gi too, so no card of demo-2cards has room.
+        again = dict(GPU_POD, metadata={**GPU_POD["metadata"], "uid": "uid-2", "name": "p2"})
+        reply = requests.post(
+            url + "/scheduler/filter",
+            json={"Pod": again, "NodeNames": ["demo-2cards"]},
+            verify=False,
+            timeout=5,
+        ).json()
+        assert reply["NodeNames"] == []
+        assert "memory.max" in reply["FailedNodes"]["demo-2cards"]
+    finally:
+        user.terminate()
+        output = user.communicate(timeout=20)[0].decode()
+    assert "built-in demo cluster" in output
+    assert "self-signed certificate" in output
+
+
+def _wait(url: str) -> None:
+    import time
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url, verify=False, timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(url)
+
+
+def test_gas_flag_spellings_are_accepted() -> None:
+    parser = build_parser()
+    args = parser.parse_args(
+        _go_style(
+            [
+                "serve",
+                "-port=9443",
+                "-kubeConfig",
+                "/tmp/kc",
+                "-enableAllowlist",
+                "--enableDenylist=false",
+                "-cert=/c",
+                "-key=/k",
+                "-cacert=/ca",
+                "-v=4",
+            ]
+        )
+    )
+    assert args.port == 9443
+    assert args.kubeConfig == "/tmp/kc"
+    assert args.enableAllowlist is True
+    assert args.enableDenylist is False
+    assert (args.cert, args.key, args.cacert, args.v) == ("/c", "/k", "/ca", 4)
+
+
+def _run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gas.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
+
+
+def test_https_without_certificate_outside_demo_is_a_clear_error(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        "clusters:\n- name: c\n  cluster: {server: 'http://127.0.0.1:1'}\n"
+        "users:\n- name: u\n  user: {token: t}\n"
+        "contexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n"
+    )
+    result = _run(["serve", "--kubeConfig", str(kubeconfig), "--port", str(free_port())], tmp_path)
+    assert result.returncode == 2
+    assert "HTTPS needs --cert and --key" in result.stderr
+
+
+def test_unreadable_kubeconfig_is_a_clear_error(tmp_path: Path) -> None:
+    result = _run(["serve", "--kubeConfig", str(tmp_path / "missing"), "--unsafe"], tmp_path)
+    assert result.returncode == 1
+    assert "cannot load Kubernetes client configuration" in result.stderr
+
+
+def test_bad_demo_file_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "demo.yaml"
+    bad.write_text("just: a string\n")
+    result = _run(["serve", "--demo", "--demoFile", str(bad), "--unsafe"], tmp_path)
+    assert result.returncode == 1
+    assert "needs a 'nodes' list" in result.stderr
