@@ -55,7 +55,11 @@ def allocate(
         return tuple(() for _ in request.containers)
     if node_blocked:
         return Rejection(NODE_BLOCKED, unresolvable=False)
-    cards = tuple(order) if order is not None else node.cards
+    cards = node.cards
+    if order is not None:
+        # Only the node's own cards, each once, whatever the caller's order names.
+        own = set(node.cards)
+        cards = tuple(c for c in dict.fromkeys(order) if c in own)
     found = _search(node, usage, request, cards, blocked)
     if found is not None:
         return found

@@ -72,6 +72,7 @@ class _Entry:
     holding: PodHolding
     state: State
     since: float
+    replaced: _Entry | None = None  # the PENDING entry a new reservation took over
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,9 @@ def holding_from_annotation(
             raise SpecError(f"{ANNOTATION_CARDS} is not a string")
         request = pod_request(pod)
         allocation = parse_cards(cards, len(request.containers))
+        for need, given in zip(request.containers, allocation, strict=True):
+            if need.gpus > 0 and not given:
+                raise SpecError(f"{ANNOTATION_CARDS} gives container {need.name!r} no card")
         usage = allocation_usage(request, allocation)
     except SpecError as exc:
         text = cards if isinstance(cards, str) else ""
@@ -200,6 +204,7 @@ class Ledger:
         Reservations in flight survive, and so do PENDING entries newer than the list,
         which may predate their Binding.
         """
+        observations = list(observations)
         bound = [o.holding for o in observations if o.holding is not None and not o.terminal]
         terminal = {o.uid for o in observations if o.terminal}
         with self._lock:
@@ -214,7 +219,10 @@ class Ledger:
             self._entries = {}
             self._books = {}
             for entry in keep:
-                self._put(entry.holding, entry.state, entry.since)
+                self._entries[entry.holding.uid] = entry
+                self._apply(entry.holding, +1)
+                if entry.replaced is not None:
+                    self._apply(entry.replaced.holding, +1)
             for holding in bound:
                 self._put(holding, State.BOUND, listed_at)
 
@@ -249,16 +257,18 @@ class Ledger:
                 return Rejection(f"gpu: pod is already bound to {entry.holding.node}", True)
             if entry is not None and entry.state is State.RESERVED:
                 return Rejection("gpu: a bind for this pod is already in progress", False)
-            if entry is not None:
-                # An earlier bind of this pod whose outcome was unknown: this one replaces it.
-                self._drop(uid)
+            # An earlier bind of this pod whose outcome is unknown (PENDING) stays counted
+            # while this one is fitted, and comes back if this one is refused: it may
+            # have landed.
             result = self._fit(node, request)
             if isinstance(result, Rejection):
                 return result
             holding = PodHolding(
                 uid, namespace, name, node_name, result, allocation_usage(request, result)
             )
-            self._put(holding, State.RESERVED, now)
+            self._entries.pop(uid, None)  # its usage stays applied, owned by `replaced`
+            self._entries[uid] = _Entry(holding, State.RESERVED, now, replaced=entry)
+            self._apply(holding, +1)
             return result
 
     def commit(self, uid: str) -> None:
@@ -267,15 +277,23 @@ class Ledger:
         with self._lock:
             entry = self._entries.get(uid)
             if entry is not None and entry.state is State.RESERVED:
+                # At most one Binding of a pod can land, and this one may have: the
+                # earlier uncertain attempt it replaced no longer needs holding.
                 entry.state = State.PENDING
                 entry.since = now
+                if entry.replaced is not None:
+                    self._apply(entry.replaced.holding, -1)
+                    entry.replaced = None
 
     def cancel(self, uid: str) -> None:
         """The Binding was definitively refused: give the cards back."""
         with self._lock:
             entry = self._entries.get(uid)
             if entry is not None and entry.state is State.RESERVED:
-                self._drop(uid)
+                del self._entries[uid]
+                self._apply(entry.holding, -1)
+                if entry.replaced is not None:
+                    self._entries[uid] = entry.replaced
 
     # ------------------------------------------------------------ inspection
 
@@ -339,6 +357,8 @@ class Ledger:
     def _drop(self, uid: str) -> None:
         entry = self._entries.pop(uid)
         self._apply(entry.holding, -1)
+        if entry.replaced is not None:
+            self._apply(entry.replaced.holding, -1)
 
     def _apply(self, holding: PodHolding, sign: int) -> None:
         book = self._books.setdefault(holding.node, _NodeBook())

@@ -174,7 +174,7 @@ def gpu_count(requests: Mapping[str, int]) -> int:
     return xe if xe > 0 else requests.get(I915, 0)
 
 
-def container_requests(container: Mapping[str, Any]) -> dict[str, int]:
+def container_requests(container: Mapping[str, Any], kind: str = "container") -> dict[str, int]:
     """The `gpu.intel.com/*` requests of a container, limits filling in absent requests.
 
     The API server copies extended-resource limits into requests, but objects built by
@@ -191,7 +191,7 @@ def container_requests(container: Mapping[str, Any]) -> dict[str, int]:
         try:
             result[resource] = parse_quantity(quantity)
         except QuantityError as exc:
-            raise SpecError(f"gpu: container {_name(container)!r} {resource}: {exc}") from exc
+            raise SpecError(f"gpu: {kind} {_name(container)!r} {resource}: {exc}") from exc
     return result
 
 
@@ -202,7 +202,7 @@ def pod_request(pod: Mapping[str, Any]) -> PodRequest:
     if not isinstance(containers, list) or not containers:
         raise SpecError("gpu: pod has no containers")
     for init in as_list(spec.get("initContainers")):
-        if any(v > 0 for v in container_requests(as_mapping(init)).values()):
+        if any(v > 0 for v in container_requests(as_mapping(init), "init container").values()):
             raise SpecError(
                 f"gpu: init container {_name(init)!r} requests GPU resources, "
                 "which gas cannot annotate; request them in an app container"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import ssl
 import sys
 import threading
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from gunicorn.app.base import BaseApplication  # type: ignore[import-untyped]
+from gunicorn.arbiter import Arbiter  # type: ignore[import-untyped]
 
 from gas.tls import TLS12_CIPHERS, TLSConfigError, server_ssl_context
 
@@ -132,8 +134,8 @@ def _bind_address(host: str, port: int) -> str:
 
 
 def _worker_tmp_dir() -> str | None:
-    # gunicorn's heartbeat file: /dev/shm keeps it off a possibly read-only or slow disk,
-    # which would otherwise make a healthy worker look hung and get it killed.
+    # gunicorn's heartbeat file. /tmp may be read-only in a container (the worker then
+    # cannot start) or on a disk slow enough to make a healthy worker look hung.
     shm = "/dev/shm"
     if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK):
         return shm
@@ -154,7 +156,8 @@ def _on_worker_abort(worker: Any) -> None:
     # seconds. The stacks show where it was stuck; the master then starts a new worker,
     # which rebuilds its state from the cluster.
     worker.log.critical(
-        "worker %s aborted by the master (no heartbeat within the timeout); thread stacks:\n%s",
+        "worker %s aborted (SIGABRT: the master sends it when the worker misses its "
+        "heartbeat for the timeout); thread stacks:\n%s",
         worker.pid,
         _thread_stacks(),
     )
@@ -177,6 +180,30 @@ def _make_worker_exit_hook(
     return worker_exit
 
 
+class _SingleWorkerArbiter(Arbiter):  # type: ignore[misc]
+    """gunicorn's master, minus the signals that would run two workers at once.
+
+    Stock gunicorn adds a worker on SIGTTIN, starts a second master with its own workers on
+    SIGUSR2, and on SIGHUP starts the new worker before the old one has stopped. Each of
+    those would put a second ledger next to the first, both binding pods.
+    """
+
+    def handle_ttin(self) -> None:
+        self.log.warning("SIGTTIN ignored: gas runs exactly one worker process")
+
+    def handle_ttou(self) -> None:
+        self.log.warning("SIGTTOU ignored: gas runs exactly one worker process")
+
+    def handle_usr2(self) -> None:
+        self.log.warning("SIGUSR2 ignored: a second master would run a second worker")
+
+    def handle_hup(self) -> None:
+        # Stop first; the main loop starts the replacement once the old worker is reaped.
+        # Requests arriving in between wait in the listen backlog.
+        self.log.info("SIGHUP: restarting the worker")
+        self.kill_workers(signal.SIGTERM)
+
+
 class _GasApplication(BaseApplication):  # type: ignore[misc]
     """A gunicorn application configured from a dict, loading the app lazily."""
 
@@ -193,10 +220,29 @@ class _GasApplication(BaseApplication):  # type: ignore[misc]
         # Called by the worker (preload_app is off), after the fork.
         return self._app_factory()
 
+    def run(self) -> None:
+        # BaseApplication.run() with our arbiter.
+        try:
+            _SingleWorkerArbiter(self).run()
+        except RuntimeError as exc:
+            print(f"\nError: {exc}\n", file=sys.stderr)
+            sys.stderr.flush()
+            sys.exit(1)
+
 
 def _check_positive(name: str, value: float, minimum: float = 1) -> None:
     if value < minimum:
         raise ValueError(f"{name} must be at least {minimum:g}, got {value!r}")
+
+
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _log_level(value: str) -> str:
+    level = value.lower()
+    if level not in _LOG_LEVELS:
+        raise ValueError(f"unknown log level {value!r}; use one of {', '.join(_LOG_LEVELS)}")
+    return level
 
 
 def _ensure_logging(log_level: str) -> None:
@@ -245,9 +291,7 @@ def build_options(
     _check_positive("max_request_header_bytes", max_request_header_bytes, 256)
     if handshake_timeout is not None:
         _check_positive("handshake_timeout", handshake_timeout, 0.001)
-    level = log_level.lower()
-    if level not in {"debug", "info", "warning", "error", "critical"}:
-        raise ValueError(f"unknown log level {log_level!r}")
+    level = _log_level(log_level)
 
     options: dict[str, Any] = {
         "bind": [_bind_address(host, port)],
@@ -354,7 +398,7 @@ def serve(
     ``SystemExit`` also ends the process; do not catch it around this call.
     Raises ``TLSConfigError`` or ``ValueError`` for a bad configuration before listening.
     """
-    _ensure_logging(log_level)
+    _ensure_logging(_log_level(log_level))
     options = build_options(
         host=host,
         port=port,

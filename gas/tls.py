@@ -81,6 +81,10 @@ class TLSHandshakeTimeout(ssl.SSLError):
     error (gunicorn logs one line and closes) treat a stalled one the same way.
     """
 
+    def __str__(self) -> str:
+        # SSLError's own __str__ shows a tuple when it was not raised by OpenSSL.
+        return str(self.args[0]) if self.args else "TLS handshake timed out"
+
 
 class ServerSSLContext(ssl.SSLContext):
     """A server ``SSLContext`` whose handshakes are bounded in time.
@@ -278,11 +282,12 @@ def _validity(
     not_before: datetime.datetime | None,
     not_after: datetime.datetime | None,
 ) -> tuple[datetime.datetime, datetime.datetime]:
-    start = not_before if not_before is not None else _utcnow() - _CLOCK_SKEW
-    end = (
-        not_after if not_after is not None else start + _CLOCK_SKEW + datetime.timedelta(days=days)
-    )
-    start, end = _aware(start), _aware(end)
+    now = _utcnow()
+    start = _aware(not_before) if not_before is not None else now - _CLOCK_SKEW
+    if not_after is not None:
+        end = _aware(not_after)
+    else:
+        end = (start if not_before is not None else now) + datetime.timedelta(days=days)
     if end <= start:
         raise ValueError(f"not_after ({end.isoformat()}) must be later than not_before")
     return start, end

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -12,7 +13,7 @@ import requests
 from gas.cli import _go_style, build_parser
 from tests.support.gasproc import free_port
 
-GPU_POD = {
+GPU_POD: dict[str, Any] = {
     "metadata": {"name": "demo-pod", "namespace": "default", "uid": "uid-demo-pod"},
     "spec": {
         "containers": [

@@ -21,7 +21,9 @@ _state_lock = threading.Lock()
 _state: dict[str, Any] = {"in_flight": 0, "served": 0}
 
 
-def create_app() -> Flask:
+def create_app(fail: bool = False) -> Flask:
+    if fail:
+        raise RuntimeError("app factory failed on purpose")
     app = Flask("tls_app")
     factory_pid = os.getpid()
     background: dict[str, int] = {}
@@ -86,6 +88,7 @@ def main() -> None:
     parser.add_argument("--graceful-timeout", type=int, default=5)
     parser.add_argument("--handshake-timeout", type=float, default=10.0)
     parser.add_argument("--exit-marker", help="file the worker writes its pid to on exit")
+    parser.add_argument("--fail-in-factory", action="store_true")
     args = parser.parse_args()
 
     def on_worker_exit() -> None:
@@ -94,7 +97,7 @@ def main() -> None:
                 f.write(str(os.getpid()))
 
     serve(
-        create_app,
+        lambda: create_app(fail=args.fail_in_factory),
         host=args.host,
         port=args.port,
         certfile=args.cert,

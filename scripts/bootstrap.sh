@@ -1,0 +1,14 @@
+# Sourced by the other scripts: a project-local virtualenv with gas and its test tools.
+# Needs only Python 3.11+ and pip; installs nothing outside .venv.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.gas-installed
+if [ ! -f "$stamp" ] || [ setup.py -nt "$stamp" ]; then
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+  touch "$stamp"
+fi
