@@ -101,6 +101,63 @@ def _now() -> str:
     return datetime.now(UTC).strftime(_TIME_FORMAT)
 
 
+# metav1.Time fields of the objects served here (rendered as RFC 3339, seconds, UTC "Z").
+_TIME_KEYS: Final = frozenset(
+    {
+        "creationTimestamp",
+        "deletionTimestamp",
+        "lastTransitionTime",
+        "lastProbeTime",
+        "lastHeartbeatTime",
+        "lastUpdateTime",
+        "startTime",
+        "startedAt",
+        "finishedAt",
+        "firstTimestamp",
+        "lastTimestamp",
+    }
+)
+
+
+def _normalize_time(value: str) -> str:
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return value
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC).strftime(_TIME_FORMAT)
+
+
+def _normalize(value: Any, key: str = "") -> Any:
+    """What a decode/encode round trip through the Go types does to a JSON object.
+
+    ``null`` fields disappear and times are re-rendered, so e.g. an object read with the
+    Python client and written back unchanged (which renders times as ``+00:00`` and
+    drops ``null`` fields) is recognised as unchanged.
+    """
+    if isinstance(value, dict):
+        return {k: _normalize(v, k) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_normalize(v) for v in value]
+    if key in _TIME_KEYS and isinstance(value, str):
+        return _normalize_time(value)
+    return value
+
+
+def _stored_form(kind_resource: str, obj: JSONDict) -> JSONDict:
+    normalized: JSONDict = _normalize(obj)
+    if kind_resource == "pods":
+        # PodCondition's zero metav1.Time fields are rendered as null by the real server.
+        status = normalized.get("status")
+        conditions = status.get("conditions") if isinstance(status, dict) else None
+        for condition in conditions if isinstance(conditions, list) else []:
+            if isinstance(condition, dict):
+                condition.setdefault("lastProbeTime", None)
+                condition.setdefault("lastTransitionTime", None)
+    return normalized
+
+
 def _canonical(obj: Any) -> str:
     """A JSON rendering that distinguishes ``true`` from ``1`` (used for no-op detection)."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
@@ -1320,6 +1377,7 @@ class ApiServerDouble:
                 if not isinstance(status, dict):
                     status = new["status"] = {}
                 status.setdefault("phase", "Pending")
+        new = _stored_form(kind.resource, new)
         stored = self._write_locked(kind, (namespace, name), new, "ADDED")
         if kind is _EVENTS:
             self._event_log.append(stored)
@@ -1328,6 +1386,7 @@ class ApiServerDouble:
     def _modify_locked(self, kind: _Kind, key: tuple[str, str], new: JSONDict) -> JSONDict:
         """Store ``new`` as the next state of ``key`` unless it equals the current one."""
         old = self._store[kind.resource][key]
+        new = _stored_form(kind.resource, new)
         new.setdefault("metadata", {})["resourceVersion"] = old["metadata"]["resourceVersion"]
         if _canonical(new) == _canonical(old):
             return old
@@ -1564,7 +1623,7 @@ class ApiServerDouble:
             else:
                 conditions.append(condition)
             status["conditions"] = conditions
-            self._write_locked(_PODS, (namespace, name), new, "MODIFIED")
+            self._write_locked(_PODS, (namespace, name), _stored_form("pods", new), "MODIFIED")
         return _Response(
             201,
             {
@@ -2036,6 +2095,9 @@ class _Handler(BaseHTTPRequestHandler):
                 if bookmarks and not self._emit(watcher.bookmark()):
                     self.close_connection = True
                     return
+                # Deregister before the final chunk: once a client sees the end of the
+                # stream, the watcher is gone (open_watch_count is then exact).
+                double._close_watch(watcher)
                 self._write_chunk(b"")
                 return
             if bookmarks and now - last_write >= double.bookmark_interval:

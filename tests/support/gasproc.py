@@ -97,6 +97,8 @@ class GasProcess:
             command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
         self.session = requests.Session()
+        # REQUESTS_CA_BUNDLE and proxy variables would override the session's own settings.
+        self.session.trust_env = False
         if tls_files is not None:
             self.session.cert = (tls_files.client_cert, tls_files.client_key)
             self.session.verify = tls_files.ca

@@ -64,6 +64,7 @@ class SchedulerEmulator:
         self.timeout = timeout
         self.random = random.Random(seed)
         self._session = requests.Session()
+        self._session.trust_env = False  # kube-scheduler trusts only its configured CA
         self._session.cert = cert
         self._session.verify = verify
         self._assumed: dict[str, tuple[str, dict[str, int]]] = {}  # uid -> (node, requests)

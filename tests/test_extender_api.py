@@ -1,0 +1,322 @@
+"""The extender's HTTP API through real gunicorn, real mutual TLS and the real `kubernetes`
+client watching the API-server double: wire format, status codes, filter and bind."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.conftest import ledger_of, wait_for, wait_for_nodes
+from tests.support.apiserver import ApiServerDouble
+from tests.support.gasproc import GasProcess, TLSFiles, free_port
+from tests.support.objects import container, gpu_node, gpu_pod
+
+MAX_BODY = 256 * 1024
+REPLY_KEYS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServerDouble]:
+    with ApiServerDouble() as api:
+        api.add_node(gpu_node("two-cards", "0.1", i915="2", memory_max="16Gi"))
+        api.add_node(gpu_node("four-cards", "0.1.2.3", i915="4", memory_max="32Gi"))
+        api.add_node({"metadata": {"name": "cpu-only"}, "status": {"allocatable": {"cpu": "4"}}})
+        yield api
+
+
+@pytest.fixture(scope="module")
+def server(
+    cluster: ApiServerDouble, tls_files: TLSFiles, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GasProcess]:
+    directory = tmp_path_factory.mktemp("gas-api")
+    kubeconfig = cluster.write_kubeconfig(directory / "kubeconfig")
+    process = GasProcess(
+        ["--kubeConfig", kubeconfig, "--maxRequestBytes", str(MAX_BODY)],
+        directory / "gas.log",
+        tls_files,
+    )
+    try:
+        process.wait_ready()
+        wait_for_nodes(process, "two-cards", "four-cards", "cpu-only")
+        yield process
+    finally:
+        process.stop()
+
+
+def pod_body(name: str, *containers: dict[str, Any], uid: str | None = None) -> dict[str, Any]:
+    pod = gpu_pod(name, *containers)
+    pod["metadata"]["uid"] = uid or f"uid-{name}"
+    return pod
+
+
+# ------------------------------------------------------------------ filter
+
+
+def test_filter_accounts_for_every_node_with_exact_keys(server: GasProcess) -> None:
+    names = ["two-cards", "cpu-only", "ghost", "four-cards"]
+    response = server.post("/scheduler/filter", {"Pod": pod_body("p"), "NodeNames": names})
+    assert response.status_code == 200
+    assert response.headers["Content-Type"] == "application/json"
+    reply = response.json()
+    assert set(reply) == REPLY_KEYS
+    assert reply["Nodes"] is None
+    assert reply["NodeNames"] == ["two-cards", "four-cards"]  # input order kept
+    assert reply["FailedNodes"] == {"ghost": "gpu: node is not known to gas"}
+    assert set(reply["FailedAndUnresolvableNodes"]) == {"cpu-only"}
+    assert "gpu-numbers" in reply["FailedAndUnresolvableNodes"]["cpu-only"]
+    assert reply["Error"] == ""
+
+
+def test_filter_keys_are_read_case_insensitively(server: GasProcess) -> None:
+    reply = server.post(
+        "/scheduler/filter", {"pod": pod_body("p"), "nodenames": ["two-cards"]}
+    ).json()
+    assert reply["NodeNames"] == ["two-cards"]
+
+
+def test_filter_with_full_nodes_returns_them_unchanged(
+    server: GasProcess, cluster: ApiServerDouble
+) -> None:
+    items = [cluster.get_node("two-cards"), cluster.get_node("cpu-only")]
+    big = container(i915="1", memory_max="9Gi")  # more than one card's 8Gi
+    reply = server.post(
+        "/scheduler/filter",
+        {"Pod": pod_body("p"), "Nodes": {"metadata": {}, "items": items}, "NodeNames": None},
+    ).json()
+    assert reply["Nodes"]["items"] == [items[0]]
+    assert reply["NodeNames"] == ["two-cards"]
+    assert set(reply["FailedAndUnresolvableNodes"]) == {"cpu-only"}
+    reply = server.post(
+        "/scheduler/filter",
+        {"Pod": pod_body("q", big), "Nodes": {"metadata": {}, "items": items}, "NodeNames": None},
+    ).json()
+    assert reply["Nodes"]["items"] == []
+    assert "memory.max" in reply["FailedAndUnresolvableNodes"]["two-cards"]
+
+
+def test_filter_rejects_init_container_gpu_requests_clearly(server: GasProcess) -> None:
+    pod = pod_body("p")
+    pod["spec"]["initContainers"] = [container("setup", i915="1")]
+    reply = server.post("/scheduler/filter", {"Pod": pod, "NodeNames": ["two-cards"]}).json()
+    assert reply["NodeNames"] == []
+    reason = reply["FailedAndUnresolvableNodes"]["two-cards"]
+    assert "init container 'setup'" in reason
+
+
+@pytest.mark.parametrize(
+    ("quantity", "words"),
+    [
+        ("1.5", "not a whole number"),
+        ("-1", "negative"),
+        ("1e400", "too large"),
+        ("lots", "not a valid"),
+    ],
+)
+def test_filter_rejects_bad_quantities_with_a_reason(
+    server: GasProcess, quantity: str, words: str
+) -> None:
+    pod = pod_body("p", container(i915="1", memory_max=quantity))
+    reply = server.post("/scheduler/filter", {"Pod": pod, "NodeNames": ["two-cards"]}).json()
+    assert reply["NodeNames"] == []
+    assert words in reply["FailedAndUnresolvableNodes"]["two-cards"]
+
+
+# ------------------------------------------------------------------ bad requests
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"", "not valid JSON"),
+        (b"[]", "must be a JSON object"),
+        (b'{"Pod": null, "NodeNames": ["two-cards"]}', "Pod must be a Pod object"),
+        (b'{"Pod": [], "NodeNames": ["two-cards"]}', "Pod must be a Pod object"),
+        (b'{"Pod": {}, "NodeNames": "two-cards"}', "NodeNames must be a list of strings"),
+        (b'{"Pod": {}, "NodeNames": [1, 2]}', "NodeNames must be a list of strings"),
+        (b'{"Pod": {}, "Nodes": {"items": "x"}}', "Nodes must be a NodeList"),
+        (b'{"Pod": {}}', "neither NodeNames nor Nodes"),
+        (b'{"Pod": {}, "NodeNames": [NaN]}', "not valid JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    ],
+)
+def test_malformed_filter_requests_get_400_with_a_reason(
+    server: GasProcess, body: bytes, words: str
+) -> None:
+    response = server.session.post(
+        server.url + "/scheduler/filter",
+        data=body,
+        headers={"Content-Type": "application/json"},
+        timeout=10,
+    )
+    assert response.status_code == 400
+    assert words in response.json()["Error"]
+    assert "%" not in response.json()["Error"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"PodName": "p", "PodNamespace": "default", "PodUID": "u"},
+        {"PodName": "p", "PodNamespace": "default", "PodUID": 7, "Node": "two-cards"},
+        {"PodName": "", "PodNamespace": "default", "PodUID": "u", "Node": "two-cards"},
+    ],
+)
+def test_malformed_bind_requests_get_400(server: GasProcess, body: dict[str, Any]) -> None:
+    response = server.post("/scheduler/bind", body)
+    assert response.status_code == 400
+    assert "ExtenderBindingArgs" in response.json()["Error"]
+
+
+def test_unknown_route_wrong_method_and_no_redirects(server: GasProcess) -> None:
+    assert server.post("/scheduler/nope", {}).status_code == 404
+    trailing = server.session.post(
+        server.url + "/scheduler/filter/", json={}, allow_redirects=False, timeout=5
+    )
+    assert trailing.status_code == 404
+    wrong = server.session.get(server.url + "/scheduler/filter", timeout=5)
+    assert wrong.status_code == 405
+    assert wrong.json()["Error"].startswith("405")
+
+
+def test_oversized_body_gets_413_and_the_server_keeps_serving(server: GasProcess) -> None:
+    names = [f"node-{i:06d}" for i in range(MAX_BODY // 10)]
+    response = server.post("/scheduler/filter", {"Pod": pod_body("p"), "NodeNames": names})
+    assert response.status_code == 413
+    assert "413" in response.json()["Error"]
+    assert server.session.get(server.url + "/healthz", timeout=5).status_code == 200
+
+
+def test_health_and_readiness(server: GasProcess) -> None:
+    assert server.get_json("/healthz") == {"status": "ok"}
+    assert server.get_json("/readyz") == {"status": "ready"}
+
+
+def test_clients_without_a_certificate_are_refused(server: GasProcess, tls_files: TLSFiles) -> None:
+    with pytest.raises(requests.exceptions.SSLError):
+        requests.get(server.url + "/healthz", verify=tls_files.ca, timeout=5)
+
+
+# ------------------------------------------------------------------ bind
+
+
+def add_pending(cluster: ApiServerDouble, name: str, *containers: dict[str, Any]) -> dict[str, Any]:
+    return cluster.add_pod(gpu_pod(name, *containers))
+
+
+def bind(server: GasProcess, pod: dict[str, Any], node: str, uid: str | None = None) -> str:
+    meta = pod["metadata"]
+    response = server.post(
+        "/scheduler/bind",
+        {
+            "PodName": meta["name"],
+            "PodNamespace": meta["namespace"],
+            "PodUID": uid or meta["uid"],
+            "Node": node,
+        },
+    )
+    assert response.status_code == 200
+    error: str = response.json()["Error"]
+    return error
+
+
+def test_bind_writes_annotations_and_node_in_one_binding(
+    server: GasProcess, cluster: ApiServerDouble
+) -> None:
+    pod = add_pending(cluster, "bind-ok", container(i915="2", memory_max="8Gi"))
+    reply = server.post("/scheduler/filter", {"Pod": pod, "NodeNames": ["four-cards"]}).json()
+    assert reply["NodeNames"] == ["four-cards"]
+    cluster.clear_requests()
+    before = time.time_ns()
+    assert bind(server, pod, "four-cards") == ""
+    stored = cluster.get_pod("default", "bind-ok")
+    assert stored is not None
+    assert stored["spec"]["nodeName"] == "four-cards"
+    annotations = stored["metadata"]["annotations"]
+    assert annotations["gas-container-cards"] == "card0,card1"
+    assert before <= int(annotations["gas-ts"]) <= time.time_ns()
+    # One API write: the Binding; no separate annotation patch, and no pod read (the pod
+    # came with the filter call).
+    writes = [(m, p) for m, p in cluster.requests if m != "GET"]
+    assert writes == [("POST", "/api/v1/namespaces/default/pods/bind-ok/binding")]
+    wait_for(lambda: ledger_of(server)["pods"][pod["metadata"]["uid"]]["state"] == "bound")
+
+
+def test_bind_without_a_filter_call_reads_the_pod(
+    server: GasProcess, cluster: ApiServerDouble
+) -> None:
+    pod = add_pending(cluster, "bind-nofilter")
+    cluster.clear_requests()
+    assert bind(server, pod, "two-cards") == ""
+    assert ("GET", "/api/v1/namespaces/default/pods/bind-nofilter") in cluster.requests
+    stored = cluster.get_pod("default", "bind-nofilter")
+    assert stored is not None and stored["spec"]["nodeName"] == "two-cards"
+
+
+def test_bind_with_a_wrong_uid_writes_nothing(server: GasProcess, cluster: ApiServerDouble) -> None:
+    pod = add_pending(cluster, "bind-uid")
+    cluster.clear_requests()
+    error = bind(server, pod, "two-cards", uid="not-the-uid")
+    assert "has UID" in error and "not-the-uid" in error
+    assert cluster.count_requests("POST", r"/binding$") == 0
+    assert cluster.get_pod("default", "bind-uid")["spec"].get("nodeName") is None  # type: ignore[index]
+
+
+def test_bind_of_a_missing_pod(server: GasProcess) -> None:
+    error = bind(
+        server, {"metadata": {"name": "gh%st", "namespace": "default", "uid": "u"}}, "two-cards"
+    )
+    assert "does not exist" in error
+    assert "%" not in error
+
+
+def test_bind_that_no_longer_fits_writes_nothing(
+    server: GasProcess, cluster: ApiServerDouble
+) -> None:
+    pod = add_pending(cluster, "bind-big", container(i915="1", memory_max="9Gi"))
+    cluster.clear_requests()
+    error = bind(server, pod, "two-cards")
+    assert "memory.max" in error
+    assert cluster.count_requests("POST", r"/binding$") == 0
+    assert pod["metadata"]["uid"] not in ledger_of(server)["pods"]
+
+
+def test_binding_refused_by_the_api_server_releases_the_cards(
+    server: GasProcess, cluster: ApiServerDouble
+) -> None:
+    pod = add_pending(cluster, "bind-taken")
+    server.post("/scheduler/filter", {"Pod": pod, "NodeNames": ["two-cards"]})
+    cluster.patch_pod("default", "bind-taken", {"spec": {"nodeName": "elsewhere"}})
+    error = bind(server, pod, "two-cards")
+    assert "already assigned" in error
+    assert pod["metadata"]["uid"] not in ledger_of(server)["pods"]
+
+
+def test_not_synced_gas_answers_503(tmp_path: Path, tls_files: TLSFiles) -> None:
+    """The API server is unreachable: gas is alive but not ready, and says so."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters:\n- name: c\n  cluster: {{server: 'http://127.0.0.1:{free_port()}'}}\n"
+        "users:\n- name: u\n  user: {token: t}\n"
+        "contexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n"
+    )
+    process = GasProcess(["--kubeConfig", str(kubeconfig)], tmp_path / "gas.log", tls_files)
+    try:
+        process.wait_status("/healthz", 200)
+        assert process.session.get(process.url + "/readyz", timeout=5).status_code == 503
+        response = process.post("/scheduler/filter", {"Pod": pod_body("p"), "NodeNames": ["a"]})
+        assert response.status_code == 503
+        assert response.json()["Error"] == "gas is not synced"
+        response = process.post(
+            "/scheduler/bind",
+            {"PodName": "p", "PodNamespace": "default", "PodUID": "u", "Node": "a"},
+        )
+        assert response.status_code == 503
+    finally:
+        process.stop()
