@@ -89,9 +89,9 @@ def test_async_binds_with_filters_in_between_never_overcommit(
     assert len(bound) == 12
     per_card: dict[tuple[str, str], int] = {}
     for pod in apiserver.list_pods():
-        cards = (pod["metadata"].get("annotations") or {}).get("gas-container-cards")
-        if cards:
-            key = (pod["spec"]["nodeName"], cards)
+        annotation = (pod["metadata"].get("annotations") or {}).get("gas-container-cards")
+        if annotation:
+            key = (pod["spec"]["nodeName"], annotation)
             per_card[key] = per_card.get(key, 0) + 1
     assert sorted(per_card.values()) == [2] * 6
     assert_consistent(gas, apiserver)
