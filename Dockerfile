@@ -1,0 +1,18 @@
+# Build a wheel with the full toolchain, install it into a clean virtualenv, and ship only
+# that virtualenv on a slim base: no compilers or pip caches in the final image.
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY setup.py README.md ./
+COPY gas ./gas
+RUN python -m venv /opt/gas \
+ && /opt/gas/bin/pip install --no-cache-dir --upgrade pip \
+ && /opt/gas/bin/pip install --no-cache-dir .
+
+FROM python:3.11-slim
+COPY --from=build /opt/gas /opt/gas
+RUN groupadd --gid 10001 gas && useradd --uid 10001 --gid gas --no-create-home gas
+USER 10001:10001
+ENV PATH=/opt/gas/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+EXPOSE 9001
+ENTRYPOINT ["gas"]
+CMD ["serve"]
