@@ -171,6 +171,7 @@ class KubeCluster:
         self._ledger = ledger
         self._core = client.CoreV1Api(api_client)
         self._stop = threading.Event()
+        self._was_synced = False
         self._reflectors = [
             _Reflector(
                 "nodes",
@@ -278,7 +279,10 @@ class KubeCluster:
             self._ledger.observe(observation)
 
     def _health_changed(self) -> None:
-        log.info("cluster sync %s", "ready" if self.synced() else "not ready")
+        synced = self.synced()
+        if synced != self._was_synced:
+            self._was_synced = synced
+            log.info("cluster sync %s", "ready" if synced else "lost: not ready")
 
 
 def _api_message(exc: client.ApiException) -> str:

@@ -148,9 +148,11 @@ class GasProcess:
             os.killpg(self.process.pid, sig)
         self.process.wait(timeout=30)
 
-    def stop(self) -> None:
+    def stop(self, sig: int = signal.SIGINT) -> None:
+        """Quick shutdown (SIGINT) by default; graceful SIGTERM is tested on its own."""
+        self.session.close()
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
+            os.killpg(self.process.pid, sig)
             try:
                 self.process.wait(timeout=20)
             except subprocess.TimeoutExpired:
