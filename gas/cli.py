@@ -192,6 +192,9 @@ def serve(args: argparse.Namespace) -> int:
         cafile=None if args.unsafe else args.cacert,
         unsafe=args.unsafe,
         threads=args.threads,
+        # Longer than Go's 90 s idle timeout, so kube-scheduler, not gas, closes idle
+        # connections: a POST racing a server-side close would fail without a retry.
+        keepalive=120,
     )
     return 0
 

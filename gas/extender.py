@@ -115,7 +115,7 @@ def create_app(ledger: Ledger, cluster: Cluster, options: Options | None = None)
             candidates = list(names)
         else:
             candidates = [node_from_object(item) for item in node_objects]
-        results = ledger.check(pod_ask, candidates)
+        results = ledger.check(pod_ask, candidates, uid if isinstance(uid, str) else None)
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}

@@ -53,9 +53,14 @@ def in_cluster() -> bool:
 
 
 class _Reflector(threading.Thread):
-    """Keeps one kind of object in step with the API server: list, then watch from the
-    list's resourceVersion; resume after a watch ends; relist on 410 Gone; back off and
-    retry on errors."""
+    """Keeps one kind of object in step with the API server, as client-go's reflector does:
+    list, then watch from the list's resourceVersion; when a watch ends or its stream
+    breaks, watch again from the last version seen; relist only on 410 Gone. Requests that
+    fail back off exponentially (up to 30 s) and mark the cluster not synced until one
+    succeeds again."""
+
+    BASE_DELAY = 0.2
+    MAX_DELAY = 30.0
 
     def __init__(
         self,
@@ -77,29 +82,36 @@ class _Reflector(threading.Thread):
         self.lists = 0
         self.watch_restarts = 0
         self._response: Any = None
+        self._version: str | None = None
 
     def run(self) -> None:
-        version: str | None = None
-        delay = 0.2
+        delay = self.BASE_DELAY
         while not self._stop_event.is_set():
             try:
-                if version is None:
-                    version = self._list()
-                version = self._watch(version)
-                delay = 0.2
+                if self._version is None:
+                    self._version = self._list()
+                self._watch()
+                delay = self.BASE_DELAY
             except _Expired:
                 log.info("%s watch expired (410 Gone): relisting", self.kind)
-                version = None
+                self._version = None
+                continue
             except Exception as exc:
                 if self._stop_event.is_set():
                     break
-                self._set_health(False)
-                log.warning("%s sync failed (%s); retrying in %.1fs", self.kind, exc, delay)
-                self._stop_event.wait(delay * random.uniform(0.8, 1.2))
-                delay = min(delay * 2, 30.0)
-                # A list after an error: events may have been missed while we were away.
-                version = None
+                if isinstance(exc, _StreamBroken):
+                    # The stream broke after the API server accepted it: resume at once.
+                    log.info("%s watch stream broke (%s); resuming", self.kind, exc)
+                    delay = self.BASE_DELAY
+                else:
+                    self._set_health(False)
+                    log.warning("%s sync failed (%s); retrying in %.1fs", self.kind, exc, delay)
+                    self._stop_event.wait(delay * random.uniform(0.8, 1.2))
+                    delay = min(delay * 2, self.MAX_DELAY)
+                    continue
             self.watch_restarts += 1
+            # A short pause, so a server that ends every watch at once is not hammered.
+            self._stop_event.wait(self.BASE_DELAY * random.uniform(0.5, 1.0))
 
     def close(self) -> None:
         response = self._response
@@ -118,10 +130,11 @@ class _Reflector(threading.Thread):
         log.info("listed %d %s at resourceVersion %s", len(items), self.kind, version)
         return version
 
-    def _watch(self, version: str) -> str:
+    def _watch(self) -> None:
+        """Follow one watch until it ends; _StreamBroken if it breaks once accepted."""
         response = self._call(
             watch=True,
-            resource_version=version,
+            resource_version=self._version,
             allow_watch_bookmarks=True,
             timeout_seconds=WATCH_SECONDS,
             _preload_content=False,
@@ -136,16 +149,20 @@ class _Reflector(threading.Thread):
                 if kind == "ERROR":
                     if obj.get("code") == 410:
                         raise _Expired()
-                    raise ClusterError(f"watch error: {obj.get('message')}")
+                    raise _StreamBroken(f"watch error: {obj.get('message')}")
                 rv = (obj.get("metadata") or {}).get("resourceVersion")
-                if rv:
-                    version = str(rv)
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
                     self._on_event(kind, obj)
+                # Only after the event is applied: a crash above replays it on resume.
+                if rv:
+                    self._version = str(rv)
+        except (_Expired, _StreamBroken):
+            raise
+        except Exception as exc:
+            raise _StreamBroken(str(exc) or type(exc).__name__) from exc
         finally:
             self._response = None
             response.release_conn()
-        return version
 
     def _set_health(self, healthy: bool) -> None:
         if healthy != self.healthy:
@@ -155,6 +172,10 @@ class _Reflector(threading.Thread):
 
 class _Expired(Exception):
     pass
+
+
+class _StreamBroken(Exception):
+    """A watch stream that the API server had accepted ended abnormally."""
 
 
 def _json_lines(response: Any) -> Iterator[dict[str, Any]]:

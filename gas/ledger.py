@@ -229,18 +229,23 @@ class Ledger:
     # ------------------------------------------------------------ scheduler side
 
     def check(
-        self, request: PodRequest, nodes: Iterable[NodeGpu | str]
+        self, request: PodRequest, nodes: Iterable[NodeGpu | str], uid: str | None = None
     ) -> dict[str, Allocation | Rejection]:
-        """Fit `request` on each node (by name from the cache, or as given); reserves nothing."""
+        """Fit `request` on each node (by name from the cache, or as given); reserves nothing.
+
+        `uid` names the pod being fitted: its own earlier, uncertain bind does not count
+        against it.
+        """
         results: dict[str, Allocation | Rejection] = {}
         with self._lock:
+            own = self._own_pending(uid)
             for item in nodes:
                 node = self._nodes.get(item) if isinstance(item, str) else item
                 name = item if isinstance(item, str) else item.name
                 if node is None:
                     results[name] = Rejection("gpu: node is not known to gas", False)
                     continue
-                results[name] = self._fit(node, request)
+                results[name] = self._fit(node, request, own)
         return results
 
     def reserve(
@@ -260,7 +265,7 @@ class Ledger:
             # An earlier bind of this pod whose outcome is unknown (PENDING) stays counted
             # while this one is fitted, and comes back if this one is refused: it may
             # have landed.
-            result = self._fit(node, request)
+            result = self._fit(node, request, self._own_pending(uid))
             if isinstance(result, Rejection):
                 return result
             holding = PodHolding(
@@ -339,14 +344,23 @@ class Ledger:
 
     # ------------------------------------------------------------ internals (lock held)
 
-    def _fit(self, node: NodeGpu, request: PodRequest) -> Allocation | Rejection:
+    def _own_pending(self, uid: str | None) -> PodHolding | None:
+        """The pod's own uncertain earlier bind: at most one Binding of a pod can land, so
+        it never competes with the pod's retry (it stays counted for every other pod)."""
+        entry = self._entries.get(uid) if uid else None
+        return entry.holding if entry is not None and entry.state is State.PENDING else None
+
+    def _fit(
+        self, node: NodeGpu, request: PodRequest, own: PodHolding | None = None
+    ) -> Allocation | Rejection:
         book = self._books.get(node.name)
         if book is None:
             return allocate(node, {}, request)
+        usage: Mapping[str, Mapping[str, int]] = book.usage
+        if own is not None and own.node == node.name:
+            usage = _without(book.usage, own.usage)
         blocked = frozenset(c for c, n in book.blocked.items() if n > 0)
-        return allocate(
-            node, book.usage, request, blocked=blocked, node_blocked=book.blocking_pods > 0
-        )
+        return allocate(node, usage, request, blocked=blocked, node_blocked=book.blocking_pods > 0)
 
     def _put(self, holding: PodHolding, state: State, since: float) -> None:
         if holding.uid in self._entries:
@@ -381,3 +395,14 @@ class Ledger:
         book.blocking_pods += sign if holding.blocks_node else 0
         if not book.usage and not book.blocked and not book.blocking_pods:
             del self._books[holding.node]
+
+
+def _without(
+    usage: Mapping[str, Mapping[str, int]], minus: Mapping[str, Mapping[str, int]]
+) -> dict[str, dict[str, int]]:
+    result = {card: dict(resources) for card, resources in usage.items()}
+    for card, resources in minus.items():
+        own = result.get(card, {})
+        for res, amount in resources.items():
+            own[res] = own.get(res, 0) - amount
+    return result

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from gunicorn.app.base import BaseApplication  # type: ignore[import-untyped]
 from gunicorn.arbiter import Arbiter  # type: ignore[import-untyped]
+from gunicorn.workers.gthread import ThreadWorker  # type: ignore[import-untyped]
 
 from gas.tls import TLS12_CIPHERS, TLSConfigError, server_ssl_context
 
@@ -204,6 +205,24 @@ class _SingleWorkerArbiter(Arbiter):  # type: ignore[misc]
         self.kill_workers(signal.SIGTERM)
 
 
+class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
+    """gunicorn's gthread worker with a quick shutdown (SIGQUIT, sent on the master's
+    SIGINT) that cannot deadlock.
+
+    Stock gthread shuts its thread pool down inside the signal handler; when the signal
+    lands while the main thread is handing a connection to that pool, both wait on the
+    pool's lock and the worker hangs until the master kills it. Quick shutdown means
+    in-flight requests are dropped anyway, so leave without touching the pool.
+    """
+
+    def handle_quit(self, sig: int, frame: Any) -> None:
+        self.alive = False
+        self.cfg.worker_int(self)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
 class _GasApplication(BaseApplication):  # type: ignore[misc]
     """A gunicorn application configured from a dict, loading the app lazily."""
 
@@ -297,7 +316,7 @@ def build_options(
         "bind": [_bind_address(host, port)],
         # Exactly one worker: the ledger is per process (see the module docstring).
         "workers": 1,
-        "worker_class": "gthread",
+        "worker_class": f"{__name__}.QuickQuitThreadWorker",
         "threads": threads,
         "preload_app": False,
         # A restarting worker would drop the ledger and its in-flight reservations.

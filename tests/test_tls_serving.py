@@ -640,7 +640,7 @@ def test_serve_options_and_refusals_before_listening(pki: PKI) -> None:
 
     options = build_options(certfile=pki.server_ec.cert, keyfile=pki.server_ec.key, cafile=pki.ca)
     assert options["workers"] == 1
-    assert options["worker_class"] == "gthread"
+    assert options["worker_class"] == "gas.server.QuickQuitThreadWorker"
     assert options["preload_app"] is False
     assert options["bind"] == ["0.0.0.0:9001"]
     assert options["cert_reqs"] == ssl.CERT_REQUIRED
@@ -980,3 +980,32 @@ def test_app_factory_failure_stops_the_server(launcher: Launcher) -> None:
     server = launcher.start("--fail-in-factory", wait=False)
     assert server.proc.wait(timeout=20) == 3, server.log()  # gunicorn: worker failed to boot
     assert "app factory failed on purpose" in server.log()
+
+
+def test_sigint_quits_at_once_even_while_connections_come_and_go(launcher: Launcher) -> None:
+    """Quick shutdown must not deadlock the worker (stock gthread can, when the signal
+    lands while a connection is handed to the thread pool)."""
+    for _ in range(3):
+        server = launcher.start()
+        stop = threading.Event()
+
+        def churn(port: int = server.port, stop: threading.Event = stop) -> None:
+            while not stop.is_set():
+                with (
+                    contextlib.suppress(OSError),
+                    socket.create_connection(("127.0.0.1", port), timeout=1),
+                ):
+                    pass
+
+        threads = [threading.Thread(target=churn) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.3)
+        server.proc.send_signal(signal.SIGINT)
+        try:
+            # A deadlocked worker is only reaped after the 20 s graceful timeout.
+            assert server.proc.wait(timeout=8) is not None, server.log()
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
