@@ -3,6 +3,9 @@ client watching the API-server double: wire format, status codes, filter and bin
 
 from __future__ import annotations
 
+import json
+import socket
+import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,11 +187,30 @@ def test_unknown_route_wrong_method_and_no_redirects(server: GasProcess) -> None
     assert wrong.json()["Error"].startswith("405")
 
 
-def test_oversized_body_gets_413_and_the_server_keeps_serving(server: GasProcess) -> None:
-    names = [f"node-{i:06d}" for i in range(MAX_BODY // 10)]
-    response = server.post("/scheduler/filter", {"Pod": pod_body("p"), "NodeNames": names})
-    assert response.status_code == 413
-    assert "413" in response.json()["Error"]
+def test_oversized_body_gets_413_without_being_read(
+    server: GasProcess, tls_files: TLSFiles
+) -> None:
+    """The declared size alone is refused: gas answers before the body is sent."""
+    context = ssl.create_default_context(cafile=tls_files.ca)
+    context.load_cert_chain(tls_files.client_cert, tls_files.client_key)
+    with (
+        socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname="localhost") as sock,
+    ):
+        sock.sendall(
+            b"POST /scheduler/filter HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Type: application/json\r\n"
+            + f"Content-Length: {MAX_BODY + 1}\r\n\r\n".encode()
+        )
+        reply = b""
+        while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413")
+    assert "413" in json.loads(body)["Error"]
     assert server.session.get(server.url + "/healthz", timeout=5).status_code == 200
 
 
