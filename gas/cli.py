@@ -8,6 +8,8 @@ package it accepts them with one dash or two, and as `-flag=value` or `-flag val
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import logging
 import os
 import sys
@@ -92,7 +94,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest request body accepted; larger ones get 413 (8 MiB)",
     )
     serve.add_argument("--v", type=int, default=2, help="log verbosity: 0-3 info, 4+ debug")
+
+    for name, (module_name, help_text) in COMMANDS.items():
+        if importlib.util.find_spec(module_name) is None:
+            continue
+        module = importlib.import_module(module_name)
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.run)
     return parser
+
+
+# Other commands: each module has add_arguments(parser) and run(args) -> exit status, and
+# keeps heavy imports inside run() so `gas serve` starts fast.
+COMMANDS = {
+    "certs": (
+        "gas.certs",
+        "generate the CA, gas's server certificate and kube-scheduler's client certificate",
+    ),
+    "check-config": ("gas.schedconfig", "check a kube-scheduler configuration that uses gas"),
+    "inspect": ("gas.inspect", "show GPU allocation per node and card, from pod annotations"),
+    "label-node": ("gas.labeler", "discover this node's GPU cards and label the node"),
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -103,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.command == "serve":
         return serve(args)
-    return 2  # pragma: no cover - argparse requires a command
+    status: int = args.run(args)
+    return status
 
 
 def _use_demo(args: argparse.Namespace) -> bool:
