@@ -14,6 +14,7 @@ setup(
         "cryptography>=42.0",
         "requests>=2.31",
         "pyyaml>=6.0",
+        "prometheus-client>=0.20",
     ],
     extras_require={
         "labeler": ["pyudev>=0.24"],

@@ -184,8 +184,10 @@ def serve(args: argparse.Namespace) -> int:
         from gas.cluster import Cluster
         from gas.extender import create_app
         from gas.ledger import Ledger
+        from gas.metrics import Metrics
 
         ledger = Ledger()
+        metrics = Metrics()
         cluster: Cluster
         if demo:
             from gas.demo import DemoCluster
@@ -194,9 +196,9 @@ def serve(args: argparse.Namespace) -> int:
         else:
             from gas.kube import KubeCluster, load_api_client
 
-            cluster = KubeCluster(ledger, load_api_client(kubeconfig))
+            cluster = KubeCluster(ledger, load_api_client(kubeconfig), metrics)
         cluster.start()
-        return create_app(ledger, cluster, options)
+        return create_app(ledger, cluster, options, metrics)
 
     scheme = "http" if args.unsafe else "https"
     log.info(

@@ -40,3 +40,9 @@ class Cluster(Protocol):
 
         Raises BindRejected or BindUncertain.
         """
+
+    def record_event(
+        self, pod: Mapping[str, Any], event_type: str, reason: str, message: str
+    ) -> None:
+        """Post a Kubernetes Event about `pod` (`Normal` or `Warning`) without blocking:
+        events are best effort and never delay a scheduling answer."""

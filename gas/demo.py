@@ -47,6 +47,7 @@ class DemoCluster:
             metadata.setdefault("uid", f"demo-pod-{index}")
             self._pods[(metadata["namespace"], metadata.get("name", ""))] = pod
         self._started = False
+        self.events: list[dict[str, str]] = []
 
     def start(self) -> None:
         self._ledger.replace_nodes(node_from_object(n) for n in self._nodes)
@@ -86,3 +87,18 @@ class DemoCluster:
         observation = observe_pod(bound)
         if observation is not None:
             self._ledger.observe(observation)
+
+    def record_event(
+        self, pod: Mapping[str, Any], event_type: str, reason: str, message: str
+    ) -> None:
+        metadata = as_mapping(pod.get("metadata"))
+        with self._lock:
+            self.events.append(
+                {
+                    "pod": f"{metadata.get('namespace')}/{metadata.get('name')}",
+                    "type": event_type,
+                    "reason": reason,
+                    "message": message,
+                }
+            )
+            del self.events[:-1000]

@@ -17,15 +17,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flask import Flask, Response, request
+from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
 from gas.allocator import Rejection
 from gas.cluster import BindRejected, BindUncertain, Cluster, ClusterError
 from gas.ledger import Ledger
+from gas.metrics import Metrics
 from gas.model import (
     ANNOTATION_CARDS,
     ANNOTATION_TS,
+    Allocation,
     NodeGpu,
     SpecError,
     as_list,
@@ -48,6 +50,7 @@ class Options:
     # does not carry it; past this (or on a miss) bind reads the pod from the API server.
     pod_memory_seconds: float = 600.0
     pod_memory_size: int = 20_000
+    event_repeat_seconds: float = 300.0
 
 
 class BadRequest(Exception):
@@ -85,11 +88,37 @@ class _PodMemory:
             self._pods.pop(uid, None)
 
 
-def create_app(ledger: Ledger, cluster: Cluster, options: Options | None = None) -> Flask:
+def create_app(
+    ledger: Ledger,
+    cluster: Cluster,
+    options: Options | None = None,
+    metrics: Metrics | None = None,
+) -> Flask:
     options = options or Options()
+    metrics = metrics or Metrics()
+    metrics.watch_ledger(ledger)
     app = Flask("gas")
     app.config["MAX_CONTENT_LENGTH"] = options.max_request_bytes
     memory = _PodMemory(options.pod_memory_seconds, options.pod_memory_size)
+    notices = _EventLimiter(options.event_repeat_seconds)
+
+    def notify(pod: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        uid = str(as_mapping(pod.get("metadata")).get("uid") or "")
+        if notices.allow(uid, reason, message):
+            cluster.record_event(pod, kind, reason, message)
+
+    @app.before_request
+    def start_clock() -> None:
+        g.started = time.perf_counter()
+
+    @app.after_request
+    def count(response: Response) -> Response:
+        verb = _VERBS.get(request.path)
+        if verb is not None:
+            metrics.latency.labels(verb).observe(time.perf_counter() - g.started)
+            outcome = g.get("outcome") or _STATUS_OUTCOMES.get(response.status_code, "error")
+            metrics.requests.labels(verb, outcome).inc()
+        return response
 
     @app.post("/scheduler/filter")
     def filter_route() -> Response:
@@ -101,21 +130,23 @@ def create_app(ledger: Ledger, cluster: Cluster, options: Options | None = None)
         if not cluster.synced():
             return _not_synced(_filter_reply([], {}, {}, node_objects, "gas is not synced"))
         metadata = as_mapping(pod.get("metadata"))
-        pod_ref = f"{metadata.get('namespace')}/{metadata.get('name')}"
+        uid = metadata.get("uid")
+        uid = uid if isinstance(uid, str) and uid else None
         try:
             pod_ask = pod_request(pod)
         except SpecError as exc:
-            log.info("filter pod=%s rejected on every node: %s", pod_ref, exc)
-            return _filter_reply([], {}, {n: str(exc) for n in names}, node_objects, "")
-        uid = metadata.get("uid")
-        if isinstance(uid, str) and uid:
-            memory.remember(uid, _slim_pod(pod))
-        candidates: list[NodeGpu | str]
-        if node_objects is None:
-            candidates = list(names)
+            results: dict[str, Allocation | Rejection] = {
+                n: Rejection(str(exc), unresolvable=True) for n in names
+            }
         else:
-            candidates = [node_from_object(item) for item in node_objects]
-        results = ledger.check(pod_ask, candidates, uid if isinstance(uid, str) else None)
+            if uid is not None:
+                memory.remember(uid, _slim_pod(pod))
+            candidates: list[NodeGpu | str]
+            if node_objects is None:
+                candidates = list(names)
+            else:
+                candidates = [node_from_object(item) for item in node_objects]
+            results = ledger.check(pod_ask, candidates, uid)
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
@@ -123,18 +154,22 @@ def create_app(ledger: Ledger, cluster: Cluster, options: Options | None = None)
             result = results[name]
             if isinstance(result, Rejection):
                 (unresolvable if result.unresolvable else failed)[name] = result.reason
+                metrics.rejections.labels(result.reason).inc()
             else:
                 passed.append(name)
-        log.info(
-            "filter pod=%s nodes=%d passed=%d failed=%d unresolvable=%d",
-            pod_ref,
-            len(names),
-            len(passed),
-            len(failed),
-            len(unresolvable),
+        reasons = _reason_counts({**failed, **unresolvable})
+        g.outcome = "fit" if passed else "no_fit"
+        _decision(
+            "filter",
+            pod,
+            nodes=len(names),
+            passed=len(passed),
+            reasons=reasons,
+            passed_nodes=passed[:20],
         )
-        if failed or unresolvable:
-            log.debug("filter pod=%s reasons=%s", pod_ref, {**failed, **unresolvable})
+        if not passed and names:
+            summary = "; ".join(f"{count} x {reason}" for reason, count in reasons.items())
+            notify(pod, "Warning", "NoGPUFit", f"no node has GPU cards for this pod: {summary}")
         kept = None
         if node_objects is not None:
             passing = set(passed)
@@ -156,49 +191,72 @@ def create_app(ledger: Ledger, cluster: Cluster, options: Options | None = None)
             fields["PodUID"],
             fields["Node"],
         )
-        pod_ref = f"{namespace}/{name}"
         if not cluster.synced():
             return _not_synced({"Error": "gas is not synced with the cluster yet"})
-        error = _bind(pod_ref, name, namespace, uid, node)
+        pod_ref: Mapping[str, Any] = {
+            "metadata": {"name": name, "namespace": namespace, "uid": uid}
+        }
+        error, cards = _bind(name, namespace, uid, node)
         if error:
-            log.warning("bind pod=%s uid=%s node=%s failed: %s", pod_ref, uid, node, error)
+            _decision("bind", pod_ref, node=node, result="error", error=error)
+            notify(pod_ref, "Warning", "GPUBindFailed", f"gas could not bind to {node}: {error}")
+        else:
+            g.outcome = "bound"
+            _decision("bind", pod_ref, node=node, result="bound", cards=cards)
+            notify(pod_ref, "Normal", "GPUsAllocated", f"gas gave {_describe(cards)} on {node}")
         return _json({"Error": _clean(error)})
 
-    def _bind(pod_ref: str, name: str, namespace: str, uid: str, node: str) -> str:
+    def _bind(name: str, namespace: str, uid: str, node: str) -> tuple[str, str]:
+        """("", cards) when bound, else (error, "")."""
+        pod_ref = f"{namespace}/{name}"
         pod = memory.recall(uid)
         meta = as_mapping(pod.get("metadata")) if pod else {}
         if pod is None or meta.get("name") != name or meta.get("namespace") != namespace:
             try:
                 pod = cluster.get_pod(namespace, name)
             except ClusterError as exc:
-                return f"gas could not read pod {pod_ref}: {exc}"
+                g.outcome = "error"
+                return f"gas could not read pod {pod_ref}: {exc}", ""
             if pod is None:
-                return f"pod {pod_ref} does not exist"
+                g.outcome = "no_pod"
+                return f"pod {pod_ref} does not exist", ""
             meta = as_mapping(pod.get("metadata"))
         if meta.get("uid") != uid:
-            return f"pod {pod_ref} has UID {meta.get('uid')}, not {uid}"
+            g.outcome = "no_pod"
+            return f"pod {pod_ref} has UID {meta.get('uid')}, not {uid}", ""
         try:
             pod_ask = pod_request(pod)
         except SpecError as exc:
-            return str(exc)
+            g.outcome = "no_fit"
+            return str(exc), ""
         result = ledger.reserve(uid, namespace, name, pod_ask, node)
         if isinstance(result, Rejection):
-            return f"{result.reason} (node {node})"
+            g.outcome = "no_fit"
+            metrics.rejections.labels(result.reason).inc()
+            return f"{result.reason} (node {node})", ""
         cards = format_cards(result)
         annotations = {ANNOTATION_TS: str(time.time_ns()), ANNOTATION_CARDS: cards}
         try:
             cluster.bind(pod, node, annotations)
         except BindRejected as exc:
             ledger.cancel(uid)
-            return f"the API server refused the binding: {exc}"
+            g.outcome = "api_refused"
+            return f"the API server refused the binding: {exc}", ""
         except (BindUncertain, Exception) as exc:
             # The write may have landed: keep the cards held until the cluster says.
             ledger.commit(uid)
-            return f"binding outcome unknown, cards stay held until the cluster shows: {exc}"
+            g.outcome = "uncertain"
+            return (
+                f"binding outcome unknown, cards stay held until the cluster shows: {exc}",
+                "",
+            )
         ledger.commit(uid)
         memory.forget(uid)
-        log.info("bind pod=%s uid=%s node=%s cards=%s", pod_ref, uid, node, cards)
-        return ""
+        return "", cards
+
+    @app.get("/metrics")
+    def metrics_route() -> Response:
+        return Response(metrics.exposition(), mimetype="text/plain; version=0.0.4")
 
     @app.get("/healthz")
     def healthz() -> Response:
@@ -345,3 +403,61 @@ def _clean(message: str) -> str:
     if len(message) > MAX_ERROR_LENGTH:
         message = message[: MAX_ERROR_LENGTH - 3] + "..."
     return message
+
+
+# ------------------------------------------------------------------ observability
+
+_VERBS = {"/scheduler/filter": "filter", "/scheduler/bind": "bind"}
+_STATUS_OUTCOMES = {400: "bad_request", 413: "bad_request", 503: "not_synced"}
+
+decisions = logging.getLogger("gas.decisions")
+
+
+def _decision(verb: str, pod: Mapping[str, Any], **fields: Any) -> None:
+    """One JSON line per decision: what operators grep when asking why a pod waits."""
+    metadata = as_mapping(pod.get("metadata"))
+    record = {
+        "decision": verb,
+        "pod": f"{metadata.get('namespace')}/{metadata.get('name')}",
+        "uid": metadata.get("uid"),
+        **fields,
+    }
+    decisions.info(json.dumps(record, separators=(",", ":"), sort_keys=False))
+
+
+def _reason_counts(reasons: Mapping[str, str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for reason in reasons.values():
+        counts[reason] = counts.get(reason, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+def _describe(cards: str) -> str:
+    segments = [s for s in cards.split("|") if s]
+    if not segments:
+        return "no card (the pod asks for none)"
+    return "cards " + " | ".join(segments)
+
+
+class _EventLimiter:
+    """At most one Event per pod, reason and message in a window: kube-scheduler retries a
+    Pending pod often, and each retry would otherwise add an Event."""
+
+    def __init__(self, seconds: float, size: int = 10_000) -> None:
+        self._seconds = seconds
+        self._size = size
+        self._lock = threading.Lock()
+        self._seen: OrderedDict[tuple[str, str, str], float] = OrderedDict()
+
+    def allow(self, uid: str, reason: str, message: str) -> bool:
+        key = (uid, reason, message)
+        now = time.monotonic()
+        with self._lock:
+            last = self._seen.get(key)
+            if last is not None and now - last < self._seconds:
+                return False
+            self._seen[key] = now
+            self._seen.move_to_end(key)
+            while len(self._seen) > self._size:
+                self._seen.popitem(last=False)
+            return True

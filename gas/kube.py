@@ -8,9 +8,12 @@ more than everything else at tens of thousands of pods.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import logging
+import queue
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -20,6 +23,7 @@ from kubernetes import client, config
 
 from gas.cluster import BindRejected, BindUncertain, ClusterError
 from gas.ledger import Ledger, observe_pod
+from gas.metrics import Metrics
 from gas.model import node_from_object
 
 log = logging.getLogger(__name__)
@@ -69,9 +73,11 @@ class _Reflector(threading.Thread):
         on_list: Callable[[list[dict[str, Any]], float], None],
         on_event: Callable[[str, dict[str, Any]], None],
         on_health: Callable[[], None],
+        on_restart: Callable[[str], None],
         stop: threading.Event,
     ) -> None:
         super().__init__(name=f"reflector-{kind}", daemon=True)
+        self._on_restart = on_restart
         self.kind = kind
         self._call = call
         self._on_list = on_list
@@ -110,6 +116,7 @@ class _Reflector(threading.Thread):
                     delay = min(delay * 2, self.MAX_DELAY)
                     continue
             self.watch_restarts += 1
+            self._on_restart(self.kind)
             # A short pause, so a server that ends every watch at once is not hammered.
             self._stop_event.wait(self.BASE_DELAY * random.uniform(0.5, 1.0))
 
@@ -185,13 +192,47 @@ def _json_lines(response: Any) -> Iterator[dict[str, Any]]:
             yield json.loads(line)
 
 
+class _EventSender(threading.Thread):
+    """Posts Events from a bounded queue on its own thread; drops them when the API server
+    cannot keep up, since an Event is never worth delaying or failing a decision."""
+
+    def __init__(self, post: Callable[[str, dict[str, Any]], None], stop: threading.Event) -> None:
+        super().__init__(name="event-sender", daemon=True)
+        self._post = post
+        self._stop_event = stop
+        self._queue: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue(maxsize=1000)
+        self.dropped = 0
+
+    def send(self, namespace: str, event: dict[str, Any]) -> None:
+        try:
+            self._queue.put_nowait((namespace, event))
+        except queue.Full:
+            self.dropped += 1
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            try:
+                namespace, event = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            try:
+                self._post(namespace, event)
+            except Exception as exc:
+                log.debug("event for %s not posted: %s", event["involvedObject"], exc)
+
+
 class KubeCluster:
     """A real cluster through the official client."""
 
-    def __init__(self, ledger: Ledger, api_client: client.ApiClient) -> None:
+    def __init__(
+        self, ledger: Ledger, api_client: client.ApiClient, metrics: Metrics | None = None
+    ) -> None:
         self._ledger = ledger
+        self._metrics = metrics or Metrics()
         self._core = client.CoreV1Api(api_client)
         self._stop = threading.Event()
+        self._events = _EventSender(self._post_event, self._stop)
+        self._host = socket.gethostname()
         self._was_synced = False
         self._reflectors = [
             _Reflector(
@@ -200,6 +241,7 @@ class KubeCluster:
                 self._nodes_listed,
                 self._node_event,
                 self._health_changed,
+                self._watch_restarted,
                 self._stop,
             ),
             _Reflector(
@@ -208,6 +250,7 @@ class KubeCluster:
                 self._pods_listed,
                 self._pod_event,
                 self._health_changed,
+                self._watch_restarted,
                 self._stop,
             ),
         ]
@@ -215,6 +258,7 @@ class KubeCluster:
     # ------------------------------------------------------------ Cluster protocol
 
     def start(self) -> None:
+        self._events.start()
         for reflector in self._reflectors:
             reflector.start()
 
@@ -274,6 +318,41 @@ class KubeCluster:
         except Exception as exc:
             raise BindUncertain(f"binding {namespace}/{name} to {node}: {exc}") from exc
 
+    def record_event(
+        self, pod: Mapping[str, Any], event_type: str, reason: str, message: str
+    ) -> None:
+        metadata = pod.get("metadata") or {}
+        namespace = str(metadata.get("namespace") or "default")
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self._events.send(
+            namespace,
+            {
+                "metadata": {"generateName": f"{metadata.get('name')}.", "namespace": namespace},
+                "involvedObject": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": metadata.get("name"),
+                    "namespace": namespace,
+                    "uid": metadata.get("uid"),
+                },
+                "type": event_type,
+                "reason": reason,
+                "message": message[:1000],
+                "source": {"component": "gas"},
+                "reportingComponent": "gas",
+                "reportingInstance": self._host,
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "count": 1,
+            },
+        )
+
+    def _post_event(self, namespace: str, event: dict[str, Any]) -> None:
+        body: Any = client.CoreV1Event.from_dict(event)
+        self._core.create_namespaced_event(
+            namespace, body, _preload_content=False, _request_timeout=(3, 5)
+        )
+
     # ------------------------------------------------------------ watch callbacks
 
     def _nodes_listed(self, items: list[dict[str, Any]], _started: float) -> None:
@@ -289,6 +368,7 @@ class KubeCluster:
     def _pods_listed(self, items: list[dict[str, Any]], started: float) -> None:
         observations = [o for o in map(observe_pod, items) if o is not None]
         self._ledger.replace_pods(observations, started)
+        self._metrics.ledger_rebuilds.inc()
 
     def _pod_event(self, kind: str, obj: dict[str, Any]) -> None:
         observation = observe_pod(obj)
@@ -298,6 +378,9 @@ class KubeCluster:
             self._ledger.forget(observation.uid)
         else:
             self._ledger.observe(observation)
+
+    def _watch_restarted(self, kind: str) -> None:
+        self._metrics.watch_restarts.labels(kind).inc()
 
     def _health_changed(self) -> None:
         synced = self.synced()

@@ -1,0 +1,97 @@
+"""Prometheus metrics: request latency and outcomes, rejection reasons, per-card allocation.
+
+Each app has its own registry, so several apps in one process (tests) do not collide.
+Per-card gauges are computed from the ledger at scrape time rather than kept up to date on
+every change: scrapes are rare, ledger changes are not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gas.ledger import Ledger
+
+# Filter and bind answer in milliseconds; the scheduler's timeout is seconds.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "gas_requests",
+            "Extender requests by verb and outcome.",
+            ["verb", "outcome"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "gas_request_duration_seconds",
+            "Time to answer an extender request, by verb.",
+            ["verb"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.rejections = Counter(
+            "gas_node_rejections",
+            "Nodes refused to a pod by filter or bind, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.ledger_rebuilds = Counter(
+            "gas_ledger_rebuilds",
+            "Times the ledger was rebuilt from a full list of pods.",
+            registry=self.registry,
+        )
+        self.watch_restarts = Counter(
+            "gas_watch_restarts",
+            "Times a watch of the API server was started again, by resource.",
+            ["resource"],
+            registry=self.registry,
+        )
+
+    def watch_ledger(self, ledger: Ledger) -> None:
+        self.registry.register(_LedgerCollector(ledger))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _LedgerCollector(Collector):
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        snapshot = self._ledger.snapshot()
+        capacity = GaugeMetricFamily(
+            "gas_card_capacity",
+            "Capacity of one card, by resource.",
+            labels=["node", "card", "resource"],
+        )
+        allocated = GaugeMetricFamily(
+            "gas_card_allocated",
+            "Amount of one card given out to pods, by resource.",
+            labels=["node", "card", "resource"],
+        )
+        pods = GaugeMetricFamily(
+            "gas_ledger_pods", "Pods the ledger holds cards for, by state.", labels=["state"]
+        )
+        for node, info in snapshot["nodes"].items():
+            used = snapshot["usage"].get(node, {})
+            for card in info["cards"]:
+                for resource, amount in info["capacity"].items():
+                    capacity.add_metric([node, card, resource], amount)
+                    allocated.add_metric(
+                        [node, card, resource], used.get(card, {}).get(resource, 0)
+                    )
+        states: dict[str, int] = {}
+        for entry in snapshot["pods"].values():
+            states[entry["state"]] = states.get(entry["state"], 0) + 1
+        for state in ("reserved", "pending", "bound"):
+            pods.add_metric([state], states.get(state, 0))
+        yield capacity
+        yield allocated
+        yield pods
