@@ -136,8 +136,12 @@ def _search(
             yield ()
             return
         per_card = need.per_card()
-        eligible = [c for c in cards if c not in blocked and fits(c, per_card)]
-        yield from combinations(eligible, need.gpus)
+        eligible = (c for c in cards if c not in blocked and fits(c, per_card))
+        if need.gpus == 1:
+            # Lazily: first fit usually stops at the first free card.
+            yield from ((card,) for card in eligible)
+        else:
+            yield from combinations(list(eligible), need.gpus)
 
     def place(index: int) -> bool:
         if index == len(needs):

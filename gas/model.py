@@ -9,6 +9,7 @@ more than it has (GAS truncates the need, which can under-count a pod by a remai
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -147,9 +148,16 @@ class ContainerNeed:
     gpus: int
     requests: Mapping[str, int]
 
-    def per_card(self, cards: int | None = None) -> dict[str, int]:
+    def per_card(self, cards: int | None = None) -> Mapping[str, int]:
         """The need on each of `cards` cards (default: its GPU count), rounded up."""
-        divisor = cards if cards else max(self.gpus, 1)
+        if not cards or cards == self.gpus:
+            return self._own_per_card
+        return {res: -(-amount // cards) for res, amount in self.requests.items()}
+
+    @functools.cached_property
+    def _own_per_card(self) -> Mapping[str, int]:
+        # Asked for once per node and card by the allocator: computed once per pod.
+        divisor = max(self.gpus, 1)
         return {res: -(-amount // divisor) for res, amount in self.requests.items()}
 
 
