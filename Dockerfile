@@ -6,9 +6,13 @@ COPY setup.py README.md ./
 COPY gas ./gas
 RUN python -m venv /opt/gas \
  && /opt/gas/bin/pip install --no-cache-dir --upgrade pip \
- && /opt/gas/bin/pip install --no-cache-dir .
+ && /opt/gas/bin/pip install --no-cache-dir '.[labeler]'
 
 FROM python:3.11-slim
+# libudev for the node labeller (gas label-node); gas serve does not need it.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libudev1 \
+ && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/gas /opt/gas
 RUN groupadd --gid 10001 gas && useradd --uid 10001 --gid gas --no-create-home gas
 USER 10001:10001

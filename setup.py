@@ -28,5 +28,11 @@ setup(
             "types-pyyaml",
         ],
     },
-    entry_points={"console_scripts": ["gas=gas.cli:main"]},
+    entry_points={
+        "console_scripts": [
+            "gas=gas.cli:main",
+            # kubectl runs any `kubectl-NAME` on PATH as `kubectl NAME`.
+            "kubectl-gas=gas.inspect:kubectl_main",
+        ]
+    },
 )

@@ -17,7 +17,19 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
-from gas.model import Allocation, ContainerNeed, NodeGpu, PodRequest, Usage
+from gas.model import (
+    ANNOTATION_ALLOW,
+    ANNOTATION_DENY,
+    RESOURCE_PREFIX,
+    TILES,
+    Allocation,
+    ContainerNeed,
+    NodeGpu,
+    PodRequest,
+    TileAllocation,
+    TileUsage,
+    Usage,
+)
 
 SEARCH_BUDGET = 20_000
 """Card combinations tried per pod and node before giving up."""
@@ -27,6 +39,31 @@ SEARCH_BUDGET = 20_000
 class Rejection:
     reason: str
     unresolvable: bool
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Cluster-wide switches from the command line (GAS's flags)."""
+
+    allowlist: bool = False
+    denylist: bool = False
+    balanced_resource: str = ""
+    """`--balancedResource`: cards with the least of this resource in use come first."""
+
+    @property
+    def balanced(self) -> str:
+        name = self.balanced_resource
+        if not name or name.startswith(RESOURCE_PREFIX):
+            return name
+        return RESOURCE_PREFIX + name
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Cards per container and, for containers that ask for tiles, the tiles per card."""
+
+    cards: Allocation
+    tiles: TileAllocation
 
 
 NODE_BLOCKED = "gpu: node has a pod with an unreadable gas-container-cards annotation"
@@ -40,34 +77,161 @@ def allocate(
     blocked: frozenset[str] = frozenset(),
     node_blocked: bool = False,
     order: Sequence[str] | None = None,
+    tiles_used: TileUsage | None = None,
+    policy: Policy | None = None,
 ) -> Allocation | Rejection:
-    """Cards per container for `request` on `node`, or the reason it does not fit.
+    """Cards per container for `request` on `node`, or the reason it does not fit."""
+    result = place(
+        node,
+        usage,
+        request,
+        blocked=blocked,
+        node_blocked=node_blocked,
+        order=order,
+        tiles_used=tiles_used,
+        policy=policy,
+    )
+    return result if isinstance(result, Rejection) else result.cards
+
+
+def place(
+    node: NodeGpu,
+    usage: Usage,
+    request: PodRequest,
+    *,
+    blocked: frozenset[str] = frozenset(),
+    node_blocked: bool = False,
+    order: Sequence[str] | None = None,
+    tiles_used: TileUsage | None = None,
+    policy: Policy | None = None,
+) -> Placement | Rejection:
+    """Cards and tiles per container for `request` on `node`, or the reason it does not fit.
 
     `blocked` cards count as full (an annotation naming them could not be read);
     `node_blocked` makes every card full. `order` overrides the numeric card order.
+    `tiles_used` names the tile indices other pods hold on each card.
     """
+    policy = policy or Policy()
     if node.problem is not None:
         return Rejection(node.problem, unresolvable=True)
+    problem = _request_problem(node, request, policy)
+    if problem is not None:
+        return Rejection(problem, unresolvable=True)
     static = _static_check(node, request)
     if static is not None:
         return static
     if not request.needs_gpu:
-        return tuple(() for _ in request.containers)
+        return Placement(
+            tuple(() for _ in request.containers), tuple(() for _ in request.containers)
+        )
     if node_blocked:
         return Rejection(NODE_BLOCKED, unresolvable=False)
+    sets = _search_sets(node, request, policy, order)
+    widest = max((len(s) for s in sets), default=0)
+    most = max(need.gpus for need in request.containers)
+    if most > widest:
+        return Rejection(_too_few_usable(node, request, most, widest), unresolvable=True)
+    tiles_used = tiles_used or {}
+    busy = _busy_tiles(node, tiles_used)
+    adjusted = _with_tile_usage(node, usage, tiles_used)
+    balanced = policy.balanced
+    for cards in sets:
+        found = _search(node, adjusted, request, cards, blocked, busy, balanced)
+        if found is not None:
+            tiles = _assign_tiles(node, request, found, busy)
+            if tiles is not None:
+                return Placement(found[0], tiles)
+    idle_busy = _busy_tiles(node, {})
+    idle = _with_tile_usage(node, {}, {})
+    if all(
+        _search(node, idle, request, cards, frozenset(), idle_busy, balanced) is None
+        for cards in sets
+    ):
+        return Rejection(
+            "gpu: pod does not fit on this node even with all its cards idle", unresolvable=True
+        )
+    usable = tuple(dict.fromkeys(c for s in sets for c in s))
+    return Rejection(_shortage(node, adjusted, request, blocked, usable), unresolvable=False)
+
+
+def _request_problem(node: NodeGpu, request: PodRequest, policy: Policy) -> str | None:
+    """Annotation and topology problems: they hold whatever the usage."""
+    for key, problem in sorted(request.problems.items()):
+        if key == ANNOTATION_ALLOW and not policy.allowlist:
+            continue
+        if key == ANNOTATION_DENY and not policy.denylist:
+            continue
+        return problem
+    if request.xelink and request.needs_gpu:
+        if node.xe_link_problem is not None:
+            return node.xe_link_problem
+        if not node.xe_links:
+            return "gpu: pod asks for Xe-linked GPUs, node has no gpu.intel.com/xe-links label"
+    if request.single_numa and request.needs_gpu and node.numa_problem is not None:
+        return node.numa_problem
+    return None
+
+
+def _search_sets(
+    node: NodeGpu, request: PodRequest, policy: Policy, order: Sequence[str] | None
+) -> list[tuple[str, ...]]:
+    """The card orders to search, each a set all the pod's cards must come from."""
     cards = node.cards
     if order is not None:
         # Only the node's own cards, each once, whatever the caller's order names.
         own = set(node.cards)
         cards = tuple(c for c in dict.fromkeys(order) if c in own)
-    found = _search(node, usage, request, cards, blocked)
-    if found is not None:
-        return found
-    if _search(node, {}, request, node.cards, frozenset()) is None:
-        return Rejection(
-            "gpu: pod does not fit on this node even with all its cards idle", unresolvable=True
-        )
-    return Rejection(_shortage(node, usage, request, blocked), unresolvable=False)
+    if node.preferred is not None and node.preferred in cards and not policy.balanced:
+        # Moved, not swapped as GAS does: the other cards keep their order.
+        cards = (node.preferred, *(c for c in cards if c != node.preferred))
+    usable = [c for c in cards if c not in node.disabled]
+    if policy.allowlist and request.allow is not None:
+        usable = [c for c in usable if c in request.allow]
+    if policy.denylist:
+        usable = [c for c in usable if c not in request.deny]
+    if request.single_numa and node.numa_groups:
+        # The whole pod in one NUMA group (GAS decides per container), groups in label order.
+        return [tuple(c for c in usable if c in group) for group in node.numa_groups]
+    return [tuple(usable)]
+
+
+def _too_few_usable(node: NodeGpu, request: PodRequest, most: int, widest: int) -> str:
+    why = []
+    if node.disabled & set(node.cards):
+        why.append("disabled by node labels")
+    if request.allow is not None or request.deny:
+        why.append("excluded by gas-allow or gas-deny")
+    if request.single_numa and node.numa_groups:
+        why.append("outside a single NUMA group")
+    detail = f" (the others are {' or '.join(why)})" if why else ""
+    return f"gpu: container asks for {most} cards, only {widest} usable{detail}"
+
+
+def _busy_tiles(node: NodeGpu, tiles_used: TileUsage) -> dict[str, frozenset[int]]:
+    """Tiles no new pod may take: in use, disabled or descheduled (all below capacity)."""
+    capacity = node.tiles_per_card
+    busy = {}
+    for card in set(tiles_used) | set(node.unavailable_tiles):
+        taken = tiles_used.get(card, frozenset()) | node.unavailable_tiles.get(card, frozenset())
+        busy[card] = frozenset(t for t in taken if t < capacity)
+    return busy
+
+
+def _with_tile_usage(node: NodeGpu, usage: Usage, tiles_used: TileUsage) -> Usage:
+    """Usage where a card's tiles count is at least its tiles taken by index, plus its
+    unavailable tiles not in use, so a fit on the tiles count guarantees free indices."""
+    capacity = node.tiles_per_card
+    if capacity <= 0:
+        return usage
+    adjusted: dict[str, Mapping[str, int]] = dict(usage)
+    for card in set(tiles_used) | set(node.unavailable_tiles):
+        used = frozenset(t for t in tiles_used.get(card, frozenset()) if t < capacity)
+        off = node.unavailable_tiles.get(card, frozenset()) - used
+        counted = usage.get(card, {}).get(TILES, 0)
+        value = max(counted, len(used)) + len(off)
+        if value != counted:
+            adjusted[card] = {**usage.get(card, {}), TILES: value}
+    return adjusted
 
 
 def _static_check(node: NodeGpu, request: PodRequest) -> Rejection | None:
@@ -101,17 +265,27 @@ class _Budget:
         return self.left >= 0
 
 
+Found = tuple[Allocation, tuple[tuple[int, ...], ...]]
+"""Cards per container, and for Xe-linked containers the linked tile on each card."""
+
+
 def _search(
     node: NodeGpu,
     usage: Usage,
     request: PodRequest,
     cards: Sequence[str],
     blocked: frozenset[str],
-) -> Allocation | None:
+    busy: Mapping[str, frozenset[int]],
+    balanced: str = "",
+) -> Found | None:
     working: dict[str, dict[str, int]] = {}
+    taken: dict[str, set[int]] = {}  # tiles picked by this pod's Xe-linked containers
     needs = request.containers
     budget = _Budget(SEARCH_BUDGET)
     chosen: list[tuple[str, ...]] = []
+    chosen_tiles: list[tuple[int, ...]] = []
+    group = set(request.same_gpu)
+    rank = {card: index for index, card in enumerate(cards)}
 
     def used(card: str, res: str) -> int:
         own = working.get(card)
@@ -131,44 +305,147 @@ def _search(
             for res, amount in per_card.items():
                 own[res] = used(card, res) + sign * amount
 
-    def options(need: ContainerNeed) -> Iterator[tuple[str, ...]]:
+    def ordered() -> Sequence[str]:
+        if not balanced:
+            return cards
+        # Re-sorted before each container, as usage moves: spreads the pod's containers.
+        return sorted(cards, key=lambda c: (used(c, balanced), rank[c]))
+
+    def group_card(index: int) -> str | None:
+        for earlier in range(index):
+            if needs[earlier].name in group:
+                return chosen[earlier][0]
+        return None
+
+    def free_tile(card: str, tile: int) -> bool:
+        return (
+            tile < node.tiles_per_card
+            and tile not in busy.get(card, ())
+            and tile not in taken.get(card, ())
+        )
+
+    def linked_pairs(per_card: Mapping[str, int]) -> list[tuple[str, int, str, int]]:
+        pairs = set()
+        for (a, a_tile), (b, b_tile) in node.xe_links:
+            # A link joins both ends: partners are found from either side (GAS only
+            # follows links left to right).
+            if a == b or a not in rank or b not in rank:
+                continue
+            if rank[b] < rank[a]:
+                a, a_tile, b, b_tile = b, b_tile, a, a_tile
+            if a in blocked or b in blocked:
+                continue
+            if (
+                free_tile(a, a_tile)
+                and free_tile(b, b_tile)
+                and fits(a, per_card)
+                and fits(b, per_card)
+            ):
+                pairs.add((a, a_tile, b, b_tile))
+        return sorted(pairs, key=lambda p: (rank[p[0]], p[1], rank[p[2]], p[3]))
+
+    def options(
+        index: int, need: ContainerNeed
+    ) -> Iterator[tuple[tuple[str, ...], tuple[int, ...]]]:
         if need.gpus == 0:
-            yield ()
+            yield (), ()
             return
         per_card = need.per_card()
-        eligible = (c for c in cards if c not in blocked and fits(c, per_card))
+        if need.name in group:
+            shared = group_card(index)
+            if shared is not None:
+                if fits(shared, per_card):
+                    yield (shared,), ()
+                return
+        if request.xelink:
+            for combo in combinations(linked_pairs(per_card), need.gpus // 2):
+                picked = tuple(card for a, _, b, _ in combo for card in (a, b))
+                if len(set(picked)) == len(picked):
+                    yield picked, tuple(tile for _, at, _, bt in combo for tile in (at, bt))
+            return
+        eligible = (c for c in ordered() if c not in blocked and fits(c, per_card))
         if need.gpus == 1:
             # Lazily: first fit usually stops at the first free card.
-            yield from ((card,) for card in eligible)
+            yield from (((card,), ()) for card in eligible)
         else:
-            yield from combinations(list(eligible), need.gpus)
+            yield from ((combo, ()) for combo in combinations(list(eligible), need.gpus))
 
-    def place(index: int) -> bool:
+    def take(picked: tuple[str, ...], tiles: tuple[int, ...], sign: int) -> None:
+        for card, tile in zip(picked, tiles, strict=False):
+            if sign > 0:
+                taken.setdefault(card, set()).add(tile)
+            else:
+                taken[card].discard(tile)
+
+    def place_from(index: int) -> bool:
         if index == len(needs):
             return True
         need = needs[index]
         per_card = need.per_card()
-        for picked in options(need):
+        for picked, tiles in options(index, need):
             if not budget.spend():
                 return False
             apply(picked, per_card, +1)
+            take(picked, tiles, +1)
             chosen.append(picked)
-            if place(index + 1):
+            chosen_tiles.append(tiles)
+            if place_from(index + 1):
                 return True
             chosen.pop()
+            chosen_tiles.pop()
+            take(picked, tiles, -1)
             apply(picked, per_card, -1)
         return False
 
-    return tuple(chosen) if place(0) else None
+    return (tuple(chosen), tuple(chosen_tiles)) if place_from(0) else None
 
 
-def _shortage(node: NodeGpu, usage: Usage, request: PodRequest, blocked: frozenset[str]) -> str:
+def _assign_tiles(
+    node: NodeGpu, request: PodRequest, found: Found, busy: Mapping[str, frozenset[int]]
+) -> TileAllocation | None:
+    """Tile indices for each container that asks for tiles: the linked ones for Xe-link
+    pods, else the preferred free tiles first, then the lowest free ones."""
+    allocation, linked = found
+    taken = {card: set(tiles) for card, tiles in busy.items()}
+    for cards, tiles in zip(allocation, linked, strict=True):
+        for card, tile in zip(cards, tiles, strict=False):
+            taken.setdefault(card, set()).add(tile)
+    result: list[tuple[tuple[str, tuple[int, ...]], ...]] = []
+    for need, cards, tiles in zip(request.containers, allocation, linked, strict=True):
+        if need.requests.get(TILES, 0) <= 0 or not cards:
+            result.append(())
+            continue
+        if tiles:
+            result.append(tuple((card, (tile,)) for card, tile in zip(cards, tiles, strict=True)))
+            continue
+        count = need.per_card(len(cards)).get(TILES, 0)
+        entries = []
+        for card in cards:
+            busy_here = taken.setdefault(card, set())
+            free = [t for t in range(node.tiles_per_card) if t not in busy_here]
+            preferred = [t for t in node.preferred_tiles.get(card, ()) if t in free]
+            picked = (preferred + [t for t in free if t not in preferred])[:count]
+            if len(picked) < count:
+                return None
+            busy_here.update(picked)
+            entries.append((card, tuple(sorted(picked))))
+        result.append(tuple(entries))
+    return tuple(result)
+
+
+def _shortage(
+    node: NodeGpu,
+    usage: Usage,
+    request: PodRequest,
+    blocked: frozenset[str],
+    usable: Sequence[str],
+) -> str:
     """A short, stable reason naming the resource that keeps the most cards out."""
     counts: dict[str, int] = {}
     for need in request.containers:
         if need.gpus == 0:
             continue
-        for card in node.cards:
+        for card in usable:
             if card in blocked:
                 counts["blocked"] = counts.get("blocked", 0) + 1
                 continue
@@ -176,6 +453,8 @@ def _shortage(node: NodeGpu, usage: Usage, request: PodRequest, blocked: frozens
                 if usage.get(card, {}).get(res, 0) + amount > node.capacity.get(res, 0):
                     counts[res] = counts.get(res, 0) + 1
     if not counts:
+        if request.xelink:
+            return "gpu: not enough free Xe-linked card pairs"
         return "gpu: not enough free cards for every container of the pod"
     worst = max(sorted(counts), key=lambda res: counts[res])
     if worst == "blocked":

@@ -28,7 +28,12 @@ def usage_from_pods(pods: Iterable[Mapping[str, Any]]) -> NodeUsage:
         for card, resources in holding.usage.items():
             per_card = cards.setdefault(card, {})
             for res, amount in resources.items():
-                per_card[res] = per_card.get(res, 0) + amount
+                if amount:  # the ledger keeps no zero entries; neither do we
+                    per_card[res] = per_card.get(res, 0) + amount
+            if not per_card:
+                del cards[card]
+        if not cards:
+            del usage[holding.node]
     return usage
 
 

@@ -81,9 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bool(serve, "--unsafe", "serve plain HTTP (for tests and local experiments only)")
     _add_bool(serve, "--demo", "serve the built-in demo cluster instead of a real one")
     serve.add_argument("--demoFile", help="YAML file with the demo cluster's nodes and pods")
-    _add_bool(serve, "--enableAllowlist", "honour the gas-allow pod annotation (not yet used)")
-    _add_bool(serve, "--enableDenylist", "honour the gas-deny pod annotation (not yet used)")
-    serve.add_argument("--balancedResource", default="", help="(accepted for GAS compatibility)")
+    _add_bool(serve, "--enableAllowlist", "honour the gas-allow pod annotation")
+    _add_bool(serve, "--enableDenylist", "honour the gas-deny pod annotation")
+    serve.add_argument(
+        "--balancedResource",
+        default="",
+        help="spread pods over cards: least used gpu.intel.com/<name> first (e.g. tiles)",
+    )
     serve.add_argument("--burst", type=int, default=10, help="(accepted for GAS compatibility)")
     serve.add_argument("--qps", type=int, default=5, help="(accepted for GAS compatibility)")
     serve.add_argument("--threads", type=int, default=8, help="request threads (8)")
@@ -121,7 +125,7 @@ COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(_go_style(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(
-        level=logging.DEBUG if args.v >= 4 else logging.INFO,
+        level=logging.DEBUG if getattr(args, "v", 2) >= 4 else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if args.command == "serve":
@@ -175,9 +179,16 @@ def serve(args: argparse.Namespace) -> int:
         log.info("demo mode: generated a throwaway self-signed certificate %s", cert)
     if not args.unsafe and not args.cacert:
         log.warning("no --cacert: client certificates are not verified")
-    if args.enableAllowlist or args.enableDenylist or args.balancedResource:
-        log.warning("allow/deny lists and --balancedResource are not implemented yet")
-    options = Options(max_request_bytes=args.maxRequestBytes)
+    from gas.allocator import Policy
+
+    options = Options(
+        max_request_bytes=args.maxRequestBytes,
+        policy=Policy(
+            allowlist=args.enableAllowlist,
+            denylist=args.enableDenylist,
+            balanced_resource=args.balancedResource,
+        ),
+    )
 
     def app_factory() -> Flask:
         # Runs in the gunicorn worker, where the ledger and its sync threads must live.
@@ -186,7 +197,7 @@ def serve(args: argparse.Namespace) -> int:
         from gas.ledger import Ledger
         from gas.metrics import Metrics
 
-        ledger = Ledger()
+        ledger = Ledger(policy=options.policy)
         metrics = Metrics()
         cluster: Cluster
         if demo:

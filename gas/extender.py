@@ -14,18 +14,19 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
-from gas.allocator import Rejection
+from gas.allocator import Policy, Rejection
 from gas.cluster import BindRejected, BindUncertain, Cluster, ClusterError
 from gas.ledger import Ledger
 from gas.metrics import Metrics
 from gas.model import (
     ANNOTATION_CARDS,
+    ANNOTATION_TILES,
     ANNOTATION_TS,
     Allocation,
     NodeGpu,
@@ -33,6 +34,7 @@ from gas.model import (
     as_list,
     as_mapping,
     format_cards,
+    format_tiles,
     node_from_object,
     pod_request,
 )
@@ -51,6 +53,9 @@ class Options:
     pod_memory_seconds: float = 600.0
     pod_memory_size: int = 20_000
     event_repeat_seconds: float = 300.0
+    # --enableAllowlist, --enableDenylist, --balancedResource: read by the ledger's
+    # allocator, so the ledger must be built with this same policy.
+    policy: Policy = field(default_factory=Policy)
 
 
 class BadRequest(Exception):
@@ -229,13 +234,15 @@ def create_app(
         except SpecError as exc:
             g.outcome = "no_fit"
             return str(exc), ""
-        result = ledger.reserve(uid, namespace, name, pod_ask, node)
+        result = ledger.reserve_placement(uid, namespace, name, pod_ask, node)
         if isinstance(result, Rejection):
             g.outcome = "no_fit"
             metrics.rejections.labels(result.reason).inc()
             return f"{result.reason} (node {node})", ""
-        cards = format_cards(result)
+        cards = format_cards(result.cards)
         annotations = {ANNOTATION_TS: str(time.time_ns()), ANNOTATION_CARDS: cards}
+        if pod_ask.wants_tiles:
+            annotations[ANNOTATION_TILES] = format_tiles(result.tiles)
         try:
             cluster.bind(pod, node, annotations)
         except BindRejected as exc:

@@ -35,16 +35,14 @@ BIND_TIMEOUT = (3.0, 8.0)
 
 
 def load_api_client(kubeconfig: str | None) -> client.ApiClient:
-    """In-cluster config when running in a pod, else the kubeconfig file."""
+    """The kubeconfig file when one is named, else the in-cluster configuration."""
     configuration = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=configuration)
-        log.info("using in-cluster Kubernetes configuration")
-    except config.ConfigException:
-        if kubeconfig is None:
-            raise
+    if kubeconfig:
         config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
         log.info("using Kubernetes configuration from %s", kubeconfig)
+    else:
+        config.load_incluster_config(client_configuration=configuration)
+        log.info("using in-cluster Kubernetes configuration")
     return client.ApiClient(configuration)
 
 

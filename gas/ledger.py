@@ -26,18 +26,23 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gas.allocator import Rejection, allocate
+from gas.allocator import Placement, Policy, Rejection, place
 from gas.model import (
     ANNOTATION_CARDS,
+    ANNOTATION_TILES,
     Allocation,
     NodeGpu,
     PodRequest,
     SpecError,
+    TileAllocation,
     allocation_usage,
     as_mapping,
+    format_tiles,
     is_card_name,
     parse_cards,
+    parse_tiles,
     pod_request,
+    tiles_by_card,
 )
 
 log = logging.getLogger(__name__)
@@ -65,6 +70,8 @@ class PodHolding:
     # when no card can be made out at all, the whole node does.
     blocked_cards: frozenset[str] = frozenset()
     blocks_node: bool = False
+    # Tile indices per container and card (`gas-container-tiles`), held while the cards are.
+    tiles: TileAllocation = ()
 
 
 @dataclass
@@ -96,17 +103,25 @@ def observe_pod(pod: Mapping[str, Any]) -> PodObservation | None:
     name = str(metadata.get("name") or "")
     terminal = as_mapping(pod.get("status")).get("phase") in TERMINAL_PHASES
     node = as_mapping(pod.get("spec")).get("nodeName")
-    cards = as_mapping(metadata.get("annotations")).get(ANNOTATION_CARDS)
+    annotations = as_mapping(metadata.get("annotations"))
+    cards = annotations.get(ANNOTATION_CARDS)
     holding = None
     if isinstance(node, str) and node and cards is not None:
-        holding = holding_from_annotation(uid, namespace, name, node, pod, cards)
+        tiles = annotations.get(ANNOTATION_TILES)
+        holding = holding_from_annotation(uid, namespace, name, node, pod, cards, tiles)
     return PodObservation(uid, namespace, name, terminal, holding)
 
 
 def holding_from_annotation(
-    uid: str, namespace: str, name: str, node: str, pod: Mapping[str, Any], cards: object
+    uid: str,
+    namespace: str,
+    name: str,
+    node: str,
+    pod: Mapping[str, Any],
+    cards: object,
+    tiles: object = None,
 ) -> PodHolding:
-    """The usage a bound pod's annotation implies; fails closed when it cannot be read."""
+    """The usage a bound pod's annotations imply; fails closed when they cannot be read."""
     try:
         if not isinstance(cards, str):
             raise SpecError(f"{ANNOTATION_CARDS} is not a string")
@@ -117,8 +132,18 @@ def holding_from_annotation(
                 raise SpecError(f"{ANNOTATION_CARDS} gives container {need.name!r} no card")
         usage = allocation_usage(request, allocation)
     except SpecError as exc:
-        text = cards if isinstance(cards, str) else ""
-        named = frozenset(part for part in text.replace("|", ",").split(",") if is_card_name(part))
+        return _unreadable_cards(uid, namespace, name, node, cards, exc)
+    if tiles is None:
+        return PodHolding(uid, namespace, name, node, allocation, usage)
+    try:
+        if not isinstance(tiles, str):
+            raise SpecError(f"{ANNOTATION_TILES} is not a string")
+        tile_allocation = parse_tiles(tiles, allocation)
+    except SpecError as exc:
+        # The cards are accounted as usual; which of their tiles the pod holds is unknown,
+        # so the cards the annotation names (else all the pod's cards) take no new pod.
+        text = tiles if isinstance(tiles, str) else ""
+        named = frozenset(_named_cards(text)) or frozenset(c for cs in allocation for c in cs)
         log.warning(
             "pod %s/%s (uid %s) on node %s: cannot account %s=%r (%s); "
             "counting %s as full until the pod goes away",
@@ -126,15 +151,40 @@ def holding_from_annotation(
             name,
             uid,
             node,
-            ANNOTATION_CARDS,
+            ANNOTATION_TILES,
             text[:200],
             exc,
-            ",".join(sorted(named)) if named else "the whole node",
+            ",".join(sorted(named)),
         )
-        return PodHolding(
-            uid, namespace, name, node, (), {}, blocked_cards=named, blocks_node=not named
-        )
-    return PodHolding(uid, namespace, name, node, allocation, usage)
+        return PodHolding(uid, namespace, name, node, allocation, usage, blocked_cards=named)
+    return PodHolding(uid, namespace, name, node, allocation, usage, tiles=tile_allocation)
+
+
+def _named_cards(text: str) -> list[str]:
+    parts = text.replace("|", ",").replace(":", ",").replace("+", ",").split(",")
+    return [part for part in parts if is_card_name(part)]
+
+
+def _unreadable_cards(
+    uid: str, namespace: str, name: str, node: str, cards: object, exc: SpecError
+) -> PodHolding:
+    text = cards if isinstance(cards, str) else ""
+    named = frozenset(_named_cards(text))
+    log.warning(
+        "pod %s/%s (uid %s) on node %s: cannot account %s=%r (%s); "
+        "counting %s as full until the pod goes away",
+        namespace,
+        name,
+        uid,
+        node,
+        ANNOTATION_CARDS,
+        text[:200],
+        exc,
+        ",".join(sorted(named)) if named else "the whole node",
+    )
+    return PodHolding(
+        uid, namespace, name, node, (), {}, blocked_cards=named, blocks_node=not named
+    )
 
 
 @dataclass
@@ -142,12 +192,27 @@ class _NodeBook:
     usage: dict[str, dict[str, int]] = field(default_factory=dict)
     blocked: dict[str, int] = field(default_factory=dict)  # card -> pods blocking it
     blocking_pods: int = 0
+    # card -> tile index -> pods holding it (two annotations may claim one tile)
+    tiles: dict[str, dict[int, int]] = field(default_factory=dict)
+
+    def tiles_used(self, minus: PodHolding | None = None) -> dict[str, frozenset[int]]:
+        counts = {card: dict(tiles) for card, tiles in self.tiles.items()}
+        if minus is not None:
+            for card, indices in tiles_by_card(minus.tiles).items():
+                for tile in indices:
+                    counts.get(card, {})[tile] = counts.get(card, {}).get(tile, 0) - 1
+        return {
+            card: frozenset(t for t, n in tiles.items() if n > 0) for card, tiles in counts.items()
+        }
 
 
 class Ledger:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, policy: Policy | None = None
+    ) -> None:
         self._lock = threading.Lock()
         self._clock = clock
+        self._policy = policy or Policy()
         self._nodes: dict[str, NodeGpu] = {}
         self._entries: dict[str, _Entry] = {}
         self._books: dict[str, _NodeBook] = {}
@@ -245,13 +310,21 @@ class Ledger:
                 if node is None:
                     results[name] = Rejection("gpu: node is not known to gas", False)
                     continue
-                results[name] = self._fit(node, request, own)
+                result = self._place(node, request, own)
+                results[name] = result if isinstance(result, Rejection) else result.cards
         return results
 
     def reserve(
         self, uid: str, namespace: str, name: str, request: PodRequest, node_name: str
     ) -> Allocation | Rejection:
         """Choose cards on `node_name` and hold them for the pod until commit or cancel."""
+        result = self.reserve_placement(uid, namespace, name, request, node_name)
+        return result if isinstance(result, Rejection) else result.cards
+
+    def reserve_placement(
+        self, uid: str, namespace: str, name: str, request: PodRequest, node_name: str
+    ) -> Placement | Rejection:
+        """As `reserve`, with the tiles chosen for the containers that ask for them."""
         now = self._clock()
         with self._lock:
             node = self._nodes.get(node_name)
@@ -265,11 +338,17 @@ class Ledger:
             # An earlier bind of this pod whose outcome is unknown (PENDING) stays counted
             # while this one is fitted, and comes back if this one is refused: it may
             # have landed.
-            result = self._fit(node, request, self._own_pending(uid))
+            result = self._place(node, request, self._own_pending(uid))
             if isinstance(result, Rejection):
                 return result
             holding = PodHolding(
-                uid, namespace, name, node_name, result, allocation_usage(request, result)
+                uid,
+                namespace,
+                name,
+                node_name,
+                result.cards,
+                allocation_usage(request, result.cards),
+                tiles=result.tiles,
             )
             self._entries.pop(uid, None)  # its usage stays applied, owned by `replaced`
             self._entries[uid] = _Entry(holding, State.RESERVED, now, replaced=entry)
@@ -312,9 +391,25 @@ class Ledger:
             return {uid: (e.holding, e.state) for uid, e in self._entries.items()}
 
     def snapshot(self) -> dict[str, Any]:
-        """A JSON-able view for debugging and the invariant checks of the test suite."""
+        """A JSON-able view for debugging and the invariant checks of the test suite.
+
+        Tile keys appear only where tiles are held, so readers that predate tiles see the
+        same shape as before."""
         with self._lock:
-            return {
+            pods: dict[str, Any] = {}
+            for uid, e in sorted(self._entries.items()):
+                pods[uid] = {
+                    "namespace": e.holding.namespace,
+                    "name": e.holding.name,
+                    "node": e.holding.node,
+                    "cards": [list(c) for c in e.holding.allocation],
+                    "state": e.state.value,
+                    "blocked_cards": sorted(e.holding.blocked_cards),
+                    "blocks_node": e.holding.blocks_node,
+                }
+                if any(e.holding.tiles):
+                    pods[uid]["tiles"] = format_tiles(e.holding.tiles)
+            result: dict[str, Any] = {
                 "nodes": {
                     name: {
                         "cards": list(n.cards),
@@ -328,19 +423,16 @@ class Ledger:
                     for node, book in sorted(self._books.items())
                     if book.usage
                 },
-                "pods": {
-                    uid: {
-                        "namespace": e.holding.namespace,
-                        "name": e.holding.name,
-                        "node": e.holding.node,
-                        "cards": [list(c) for c in e.holding.allocation],
-                        "state": e.state.value,
-                        "blocked_cards": sorted(e.holding.blocked_cards),
-                        "blocks_node": e.holding.blocks_node,
-                    }
-                    for uid, e in sorted(self._entries.items())
-                },
+                "pods": pods,
             }
+            tiles = {
+                node: {card: sorted(t) for card, t in sorted(book.tiles_used().items()) if t}
+                for node, book in sorted(self._books.items())
+                if book.tiles
+            }
+            if tiles:
+                result["tiles"] = tiles
+            return result
 
     # ------------------------------------------------------------ internals (lock held)
 
@@ -350,17 +442,26 @@ class Ledger:
         entry = self._entries.get(uid) if uid else None
         return entry.holding if entry is not None and entry.state is State.PENDING else None
 
-    def _fit(
+    def _place(
         self, node: NodeGpu, request: PodRequest, own: PodHolding | None = None
-    ) -> Allocation | Rejection:
+    ) -> Placement | Rejection:
         book = self._books.get(node.name)
         if book is None:
-            return allocate(node, {}, request)
+            return place(node, {}, request, policy=self._policy)
         usage: Mapping[str, Mapping[str, int]] = book.usage
-        if own is not None and own.node == node.name:
-            usage = _without(book.usage, own.usage)
+        mine = own if own is not None and own.node == node.name else None
+        if mine is not None:
+            usage = _without(book.usage, mine.usage)
         blocked = frozenset(c for c, n in book.blocked.items() if n > 0)
-        return allocate(node, usage, request, blocked=blocked, node_blocked=book.blocking_pods > 0)
+        return place(
+            node,
+            usage,
+            request,
+            blocked=blocked,
+            node_blocked=book.blocking_pods > 0,
+            tiles_used=book.tiles_used(mine),
+            policy=self._policy,
+        )
 
     def _put(self, holding: PodHolding, state: State, since: float) -> None:
         if holding.uid in self._entries:
@@ -393,7 +494,17 @@ class Ledger:
             else:
                 book.blocked.pop(card, None)
         book.blocking_pods += sign if holding.blocks_node else 0
-        if not book.usage and not book.blocked and not book.blocking_pods:
+        for card, indices in tiles_by_card(holding.tiles).items():
+            counts = book.tiles.setdefault(card, {})
+            for tile in indices:
+                count = counts.get(tile, 0) + sign
+                if count:
+                    counts[tile] = count
+                else:
+                    counts.pop(tile, None)
+            if not counts:
+                del book.tiles[card]
+        if not book.usage and not book.blocked and not book.blocking_pods and not book.tiles:
             del self._books[holding.node]
 
 

@@ -8,7 +8,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 stamp=.venv/.gas-installed
-if [ ! -f "$stamp" ] || [ setup.py -nt "$stamp" ]; then
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+if [ ! -f "$stamp" ] || [ setup.py -nt "$stamp" ] || [ scripts/bootstrap.sh -nt "$stamp" ]; then
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,labeler]'
   touch "$stamp"
 fi

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from tests.conftest import wait_for, wait_for_nodes
 from tests.support.apiserver import ApiServerDouble
@@ -96,7 +97,7 @@ def test_events_explain_binds_and_pending_pods(gas: GasProcess, apiserver: ApiSe
         reply = gas.post("/scheduler/filter", {"Pod": waits, "NodeNames": ["e1"]}).json()
         assert reply["NodeNames"] == []
 
-    def events_for(name: str) -> list[dict[str, object]]:
+    def events_for(name: str) -> list[dict[str, Any]]:
         return [e for e in apiserver.events if e["involvedObject"]["name"] == name]
 
     wait_for(lambda: events_for("ok") and events_for("waits"), what="events posted")
