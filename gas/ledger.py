@@ -144,20 +144,31 @@ def holding_from_annotation(
         # so the cards the annotation names (else all the pod's cards) take no new pod.
         text = tiles if isinstance(tiles, str) else ""
         named = frozenset(_named_cards(text)) or frozenset(c for cs in allocation for c in cs)
-        log.warning(
-            "pod %s/%s (uid %s) on node %s: cannot account %s=%r (%s); "
-            "counting %s as full until the pod goes away",
-            namespace,
-            name,
-            uid,
-            node,
-            ANNOTATION_TILES,
-            text[:200],
-            exc,
-            ",".join(sorted(named)),
-        )
+        _log_fail_closed(f"{namespace}/{name}", uid, node, ANNOTATION_TILES, text, exc, named)
         return PodHolding(uid, namespace, name, node, allocation, usage, blocked_cards=named)
     return PodHolding(uid, namespace, name, node, allocation, usage, tiles=tile_allocation)
+
+
+def _log_fail_closed(
+    pod: str,
+    uid: str,
+    node: str,
+    annotation: str,
+    text: str,
+    exc: SpecError,
+    named: frozenset[str],
+) -> None:
+    log.warning(
+        "pod %s (uid %s) on node %s: cannot account %s=%r (%s); "
+        "counting %s as full until the pod goes away",
+        pod,
+        uid,
+        node,
+        annotation,
+        text[:200],
+        exc,
+        ",".join(sorted(named)) if named else "the whole node",
+    )
 
 
 def _named_cards(text: str) -> list[str]:
@@ -170,18 +181,7 @@ def _unreadable_cards(
 ) -> PodHolding:
     text = cards if isinstance(cards, str) else ""
     named = frozenset(_named_cards(text))
-    log.warning(
-        "pod %s/%s (uid %s) on node %s: cannot account %s=%r (%s); "
-        "counting %s as full until the pod goes away",
-        namespace,
-        name,
-        uid,
-        node,
-        ANNOTATION_CARDS,
-        text[:200],
-        exc,
-        ",".join(sorted(named)) if named else "the whole node",
-    )
+    _log_fail_closed(f"{namespace}/{name}", uid, node, ANNOTATION_CARDS, text, exc, named)
     return PodHolding(
         uid, namespace, name, node, (), {}, blocked_cards=named, blocks_node=not named
     )
