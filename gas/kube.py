@@ -1,4 +1,5 @@
-"""The Kubernetes side: list+watch of nodes and pods into the ledger, and the Binding.
+"""The Kubernetes side: list+watch of nodes and pods into the ledger, the Binding, and the
+deschedule label patches (gas/deschedule.py decides them; this module sends them).
 
 Objects are read as plain JSON (`_preload_content=False`) rather than through the client's
 generated models: the ledger wants the wire shape, and model deserialisation would cost
@@ -22,6 +23,7 @@ from typing import Any
 from kubernetes import client, config
 
 from gas.cluster import BindRejected, BindUncertain, ClusterError
+from gas.deschedule import Descheduler, PatchRejected, PodGone
 from gas.ledger import Ledger, observe_pod
 from gas.metrics import Metrics
 from gas.model import node_from_object
@@ -32,6 +34,11 @@ WATCH_SECONDS = 300
 """Server-side watch length; the watch is then resumed from the last resourceVersion."""
 BIND_TIMEOUT = (3.0, 8.0)
 """Connect and read timeouts of the Binding write: inside the scheduler's httpTimeout."""
+PATCH_TIMEOUT = (3.0, 10.0)
+"""Connect and read timeouts of a deschedule label patch (background work, retried)."""
+MERGE_PATCH = "application/merge-patch+json"
+_TRANSIENT = frozenset({408, 409, 429})
+"""Client-error statuses worth retrying: timeout, conflict, throttling."""
 
 
 def load_api_client(kubeconfig: str | None) -> client.ApiClient:
@@ -232,6 +239,7 @@ class KubeCluster:
         self._events = _EventSender(self._post_event, self._stop)
         self._host = socket.gethostname()
         self._was_synced = False
+        self._descheduler = Descheduler(self._patch_pod, self._stop)
         self._reflectors = [
             _Reflector(
                 "nodes",
@@ -257,22 +265,18 @@ class KubeCluster:
 
     def start(self) -> None:
         self._events.start()
+        self._descheduler.start()
         for reflector in self._reflectors:
             reflector.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._descheduler.wake()
         for reflector in self._reflectors:
             reflector.close()
 
     def synced(self) -> bool:
         return all(r.healthy for r in self._reflectors)
-
-    def stats(self) -> dict[str, int]:
-        return {
-            "lists": sum(r.lists for r in self._reflectors),
-            "watch_restarts": sum(r.watch_restarts for r in self._reflectors),
-        }
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -345,6 +349,30 @@ class KubeCluster:
             },
         )
 
+    def _patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        # A JSON merge patch, never a JSON patch: it needs no labels map to exist, removing
+        # an absent label is no error, and no `force` (which only apply patches accept).
+        try:
+            response: Any = self._core.patch_namespaced_pod(
+                name,
+                namespace,
+                patch,
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+                _request_timeout=PATCH_TIMEOUT,
+            )
+        except client.ApiException as exc:
+            message = _api_message(exc)
+            # 422: the UID in the patch no longer matches, so the pod was replaced.
+            if exc.status in (404, 410, 422):
+                raise PodGone(message) from exc
+            if exc.status is not None and 400 <= exc.status < 500 and exc.status not in _TRANSIENT:
+                raise PatchRejected(message) from exc
+            raise ClusterError(message) from exc
+        # Read to the end, so the connection goes back to the pool clean for the next patch.
+        response.drain_conn()
+        response.release_conn()
+
     def _post_event(self, namespace: str, event: dict[str, Any]) -> None:
         body: Any = client.CoreV1Event.from_dict(event)
         self._core.create_namespaced_event(
@@ -354,21 +382,30 @@ class KubeCluster:
     # ------------------------------------------------------------ watch callbacks
 
     def _nodes_listed(self, items: list[dict[str, Any]], _started: float) -> None:
-        self._ledger.replace_nodes(node_from_object(item) for item in items)
+        nodes = [node_from_object(item) for item in items]
+        self._ledger.replace_nodes(nodes)
+        self._descheduler.nodes_listed(nodes)
 
     def _node_event(self, kind: str, obj: dict[str, Any]) -> None:
         node = node_from_object(obj)
         if kind == "DELETED":
             self._ledger.remove_node(node.name)
+            self._descheduler.node_removed(node.name)
         else:
             self._ledger.set_node(node)
+            self._descheduler.node_changed(node)
 
     def _pods_listed(self, items: list[dict[str, Any]], started: float) -> None:
         observations = [o for o in map(observe_pod, items) if o is not None]
         self._ledger.replace_pods(observations, started)
         self._metrics.ledger_rebuilds.inc()
+        self._descheduler.pods_listed(items)
 
     def _pod_event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self._descheduler.pod_removed(obj)
+        else:
+            self._descheduler.pod_changed(obj)
         observation = observe_pod(obj)
         if observation is None:
             return

@@ -375,6 +375,7 @@ CALL_RULES = {
     "CoreV1Api.list_node": ("", "nodes", {"list", "watch"}),
     "CoreV1Api.list_pod_for_all_namespaces": ("", "pods", {"list", "watch"}),
     "CoreV1Api.read_namespaced_pod": ("", "pods", {"get"}),
+    "CoreV1Api.patch_namespaced_pod": ("", "pods", {"patch"}),
     "CoreV1Api.create_namespaced_pod_binding": ("", "pods/binding", {"create"}),
     "CoreV1Api.create_namespaced_event": ("", "events", {"create"}),
     "CoreV1Api.patch_namespaced_event": ("", "events", {"patch"}),
