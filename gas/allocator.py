@@ -9,18 +9,35 @@ search tries the other card choices, so a node is only dropped when no set of ca
 
 A rejection says whether waiting can help: `unresolvable` means the pod would not fit on
 this node even with every card idle, so preemption is pointless there.
+
+Placement policies (`Policy.placement`, overridden per pod by the `gas-policy` annotation)
+change the card order inside a node; `gas.scoring` ranks the nodes themselves:
+
+- `first-fit` (default, as GAS): numeric card order (`--balancedResource` and the node's
+  preferred card as GAS has them).
+- `binpack`: the fitting card with the least free capacity of the pod's dominant resource
+  first (ties: the first-fit order), so whole cards stay free for big pods.
+- `spread`: the fitting card with the most free capacity of it first.
+
+The dominant resource (`dominant_resource`) is the one the pod's per-card need takes the
+largest fraction of a card's capacity of (ties: resource name order). With a policy other
+than first-fit, `--balancedResource` is not used. Xe-linked pods keep the link order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from itertools import combinations
 
 from gas.model import (
     ANNOTATION_ALLOW,
     ANNOTATION_DENY,
+    BINPACK,
+    FIRST_FIT,
     RESOURCE_PREFIX,
+    SPREAD,
     TILES,
     Allocation,
     ContainerNeed,
@@ -49,6 +66,12 @@ class Policy:
     denylist: bool = False
     balanced_resource: str = ""
     """`--balancedResource`: cards with the least of this resource in use come first."""
+    placement: str = FIRST_FIT
+    """`--policy`: first-fit, binpack or spread; a pod's `gas-policy` annotation wins."""
+
+    def placement_for(self, request: PodRequest) -> str:
+        """The placement policy that applies to `request`."""
+        return request.policy or self.placement
 
     @property
     def balanced(self) -> str:
@@ -134,9 +157,12 @@ def place(
     tiles_used = tiles_used or {}
     busy = _busy_tiles(node, tiles_used)
     adjusted = _with_tile_usage(node, usage, tiles_used)
-    balanced = policy.balanced
+    mode = policy.placement_for(request)
+    balanced = policy.balanced if mode == FIRST_FIT else ""
+    dominant = dominant_resource(node, request) if mode in (BINPACK, SPREAD) else None
+    fill = (dominant, mode == BINPACK) if dominant is not None else None
     for cards in sets:
-        found = _search(node, adjusted, request, cards, blocked, busy, balanced)
+        found = _search(node, adjusted, request, cards, blocked, busy, balanced, fill)
         if found is not None:
             tiles = _assign_tiles(node, request, found, busy)
             if tiles is not None:
@@ -152,6 +178,23 @@ def place(
         )
     usable = tuple(dict.fromkeys(c for s in sets for c in s))
     return Rejection(_shortage(node, adjusted, request, blocked, usable), unresolvable=False)
+
+
+def dominant_resource(node: NodeGpu, request: PodRequest) -> str | None:
+    """The resource whose per-card need takes the largest fraction of a card's capacity,
+    over every container of the pod that asks for cards (ties: resource name order)."""
+    best: tuple[Fraction, str] | None = None
+    for need in request.containers:
+        if need.gpus <= 0:
+            continue
+        for res, amount in sorted(need.per_card().items()):
+            capacity = node.capacity.get(res, 0)
+            if amount <= 0 or capacity <= 0:
+                continue
+            share = Fraction(amount, capacity)
+            if best is None or share > best[0]:
+                best = (share, res)
+    return None if best is None else best[1]
 
 
 def _request_problem(node: NodeGpu, request: PodRequest, policy: Policy) -> str | None:
@@ -277,7 +320,9 @@ def _search(
     blocked: frozenset[str],
     busy: Mapping[str, frozenset[int]],
     balanced: str = "",
+    fill: tuple[str, bool] | None = None,
 ) -> Found | None:
+    """`fill` is (resource, fullest first): the binpack or spread card order."""
     working: dict[str, dict[str, int]] = {}
     taken: dict[str, set[int]] = {}  # tiles picked by this pod's Xe-linked containers
     needs = request.containers
@@ -306,6 +351,12 @@ def _search(
                 own[res] = used(card, res) + sign * amount
 
     def ordered() -> Sequence[str]:
+        if fill is not None:
+            res, fullest = fill
+            # Capacity is the same on every card of a node: least free = most used.
+            return sorted(
+                cards, key=lambda c: (-used(c, res) if fullest else used(c, res), rank[c])
+            )
         if not balanced:
             return cards
         # Re-sorted before each container, as usage moves: spreads the pod's containers.

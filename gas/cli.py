@@ -12,13 +12,18 @@ import importlib
 import importlib.util
 import logging
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from flask import Flask
 
 from gas import __version__
+
+if TYPE_CHECKING:
+    from gas.leader import Elector
 
 log = logging.getLogger("gas")
 
@@ -50,6 +55,21 @@ def _add_bool(parser: argparse.ArgumentParser, name: str, help_text: str) -> Non
     parser.add_argument(
         name, nargs="?", const=True, default=False, type=_bool, metavar="BOOL", help=help_text
     )
+
+
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|ms|s|m|h)")
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _duration(value: str) -> float:
+    """A Go duration (`15s`, `1.5s`, `500ms`, `1m30s`) in seconds."""
+    text = value.strip()
+    if not text or _DURATION_PART.sub("", text):
+        raise argparse.ArgumentTypeError(f"not a duration: {value!r} (e.g. 15s, 500ms)")
+    seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART.findall(text))
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"not a positive duration: {value!r}")
+    return seconds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="spread pods over cards: least used gpu.intel.com/<name> first (e.g. tiles)",
     )
+    serve.add_argument(
+        "--policy",
+        choices=("first-fit", "binpack", "spread"),
+        default="first-fit",
+        help="placement: first-fit (as GAS), binpack (fullest nodes and cards that fit) or "
+        "spread (emptiest); a pod's gas-policy annotation overrides it (first-fit)",
+    )
     serve.add_argument("--burst", type=int, default=10, help="(accepted for GAS compatibility)")
     serve.add_argument("--qps", type=int, default=5, help="(accepted for GAS compatibility)")
     serve.add_argument("--threads", type=int, default=8, help="request threads (8)")
@@ -98,6 +125,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest request body accepted; larger ones get 413 (8 MiB)",
     )
     serve.add_argument("--v", type=int, default=2, help="log verbosity: 0-3 info, 4+ debug")
+    _add_bool(
+        serve,
+        "--leaderElect",
+        "run several replicas: only the holder of the gas-extender Lease answers and is ready",
+    )
+    serve.add_argument(
+        "--leaderElectNamespace",
+        default="",
+        help="namespace of the Lease (POD_NAMESPACE, else the pod's own namespace)",
+    )
+    serve.add_argument(
+        "--leaseDuration",
+        type=_duration,
+        default=15.0,
+        help="how long followers wait after the last renewal before taking over (15s)",
+    )
+    serve.add_argument(
+        "--renewDeadline",
+        type=_duration,
+        default=10.0,
+        help="the leader stops answering when it could not renew for this long (10s)",
+    )
+    serve.add_argument(
+        "--retryPeriod",
+        type=_duration,
+        default=2.0,
+        help="how often to renew or try to acquire the Lease (2s)",
+    )
 
     for name, (module_name, help_text) in COMMANDS.items():
         if importlib.util.find_spec(module_name) is None:
@@ -179,6 +234,28 @@ def serve(args: argparse.Namespace) -> int:
         log.info("demo mode: generated a throwaway self-signed certificate %s", cert)
     if not args.unsafe and not args.cacert:
         log.warning("no --cacert: client certificates are not verified")
+    from gas.leader import LEASE_NAME, ElectionConfig, default_identity, default_namespace
+
+    election: ElectionConfig | None = None
+    lease_namespace = args.leaderElectNamespace or default_namespace()
+    if args.leaderElect:
+        if demo:
+            log.error("--leaderElect needs a Kubernetes cluster, not the demo cluster")
+            return 2
+        try:
+            election = ElectionConfig(
+                identity=default_identity(),
+                lease_duration=args.leaseDuration,
+                renew_deadline=args.renewDeadline,
+                retry_period=args.retryPeriod,
+            )
+        except ValueError as exc:
+            log.error("%s", exc)
+            return 2
+        log.info(
+            "leader election on Lease %s/%s as %s", lease_namespace, LEASE_NAME, election.identity
+        )
+    electors: list[Elector] = []
     from gas.allocator import Policy
 
     options = Options(
@@ -187,6 +264,7 @@ def serve(args: argparse.Namespace) -> int:
             allowlist=args.enableAllowlist,
             denylist=args.enableDenylist,
             balanced_resource=args.balancedResource,
+            placement=args.policy,
         ),
     )
 
@@ -207,9 +285,27 @@ def serve(args: argparse.Namespace) -> int:
         else:
             from gas.kube import KubeCluster, load_api_client
 
-            cluster = KubeCluster(ledger, load_api_client(kubeconfig), metrics)
+            api_client = load_api_client(kubeconfig)
+            cluster = KubeCluster(ledger, api_client, metrics)
+            if election is not None:
+                from gas.leader import Elector, KubeLeaseStore, LeaderGatedCluster, leader_gauge
+
+                store = KubeLeaseStore(
+                    api_client, lease_namespace, LEASE_NAME, election.renew_deadline
+                )
+                elector = Elector(
+                    store, election, eligible=cluster.synced, on_change=leader_gauge(metrics)
+                )
+                electors.append(elector)
+                cluster = LeaderGatedCluster(cluster, elector)
         cluster.start()
         return create_app(ledger, cluster, options, metrics)
+
+    def on_worker_exit() -> None:
+        # After the last request: step down and give the Lease up, so a follower takes
+        # over at once rather than after leaseDuration.
+        for elector in electors:
+            elector.stop()
 
     scheme = "http" if args.unsafe else "https"
     log.info(
@@ -232,6 +328,7 @@ def serve(args: argparse.Namespace) -> int:
         # Longer than Go's 90 s idle timeout, so kube-scheduler, not gas, closes idle
         # connections: a POST racing a server-side close would fail without a retry.
         keepalive=120,
+        on_worker_exit=on_worker_exit,
     )
     return 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -17,9 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flask import Flask, Response, g, request
-from werkzeug.exceptions import HTTPException
+from flask import Flask, Response, current_app, g, request
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTimeout
 
+from gas import scoring
 from gas.allocator import Policy, Rejection
 from gas.cluster import BindRejected, BindUncertain, Cluster, ClusterError
 from gas.ledger import Ledger
@@ -108,9 +110,14 @@ def create_app(
     notices = _EventLimiter(options.event_repeat_seconds)
 
     def notify(pod: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
-        uid = str(as_mapping(pod.get("metadata")).get("uid") or "")
-        if notices.allow(uid, reason, message):
-            cluster.record_event(pod, kind, reason, message)
+        # Only the pod's identity, and only when it is well-typed: a filter request may
+        # carry any JSON as the pod's metadata (a list there once crashed the event path).
+        metadata = as_mapping(pod.get("metadata"))
+        ref = {k: v for k in ("name", "namespace", "uid") if isinstance(v := metadata.get(k), str)}
+        if not ref.get("name"):
+            return  # no pod to attach an Event to
+        if notices.allow(ref.get("uid", ""), reason, message):
+            cluster.record_event({"metadata": ref}, kind, reason, message)
 
     @app.before_request
     def start_clock() -> None:
@@ -180,6 +187,43 @@ def create_app(
             passing = set(passed)
             kept = [item for item in node_objects if _node_name(item) in passing]
         return _filter_reply(passed, failed, unresolvable, kept, "")
+
+    @app.post("/scheduler/prioritize")
+    def prioritize_route() -> Response:
+        """HostPriorityList for the nodes given: `gas.scoring` explains the scores. Nodes
+        the pod does not fit on, and pods that cannot be read, get 0. Reserves nothing."""
+        args = _decode_object()
+        pod = args.get("pod")
+        if not isinstance(pod, dict):
+            raise BadRequest("ExtenderArgs.Pod must be a Pod object")
+        names, node_objects = _candidate_nodes(args)
+        if not cluster.synced():
+            return _not_synced({"Error": "gas is not synced with the cluster yet"})
+        scores = dict.fromkeys(names, 0)
+        fitting = 0
+        try:
+            pod_ask = pod_request(pod)
+        except SpecError:
+            pod_ask = None
+        if pod_ask is not None:
+            uid = as_mapping(pod.get("metadata")).get("uid")
+            given: dict[str, NodeGpu] = {}
+            if node_objects is not None:
+                given = {n.name: n for n in map(node_from_object, node_objects)}
+            candidates: list[NodeGpu | str] = list(given.values()) if given else list(names)
+            results = ledger.check(pod_ask, candidates, uid if isinstance(uid, str) else None)
+            for name in names:
+                result = results.get(name)
+                node = given.get(name) or ledger.node(name)
+                if result is None or isinstance(result, Rejection) or node is None:
+                    continue
+                fitting += 1
+                scores[name] = scoring.node_score(
+                    node, ledger.usage(name), pod_ask, result, options.policy
+                )
+        g.outcome = "fit" if fitting else "no_fit"
+        _decision("prioritize", pod, nodes=len(names), scores=dict(list(scores.items())[:20]))
+        return _json([{"Host": name, "Score": value} for name, value in scores.items()])
 
     @app.post("/scheduler/bind")
     def bind_route() -> Response:
@@ -306,11 +350,37 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _reject_huge_float(text: str) -> float:
+    # 1e400 reads as infinity, which a JSON reply cannot carry back (Go refuses it too).
+    number = float(text)
+    if math.isinf(number):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return number
+
+
+def _read_body() -> bytes:
+    """The whole body; 413 when it is larger than the limit, even without Content-Length.
+
+    werkzeug enforces the limit only through the declared Content-Length: a chunked body
+    is silently cut at the limit, and the cut could even parse as JSON."""
+    limit = current_app.config.get("MAX_CONTENT_LENGTH")
+    try:
+        if limit is None or request.content_length is not None:
+            return request.get_data(cache=False)  # werkzeug refuses a large declared size
+        # Chunked: read the server's own (terminated) stream, one byte past the limit.
+        data = request.environ["wsgi.input"].read(limit + 1)
+    except OSError as exc:  # the client stalled past the server's read deadline
+        raise RequestTimeout(f"the request body did not arrive in time: {exc}") from None
+    if len(data) > limit:
+        raise RequestEntityTooLarge()
+    return bytes(data)
+
+
 def _decode_object() -> dict[str, Any]:
     """The request body as a JSON object with lower-cased top-level keys."""
-    data = request.get_data(cache=False)
+    data = _read_body()
     try:
-        value = json.loads(data, parse_constant=_reject_constant)
+        value = json.loads(data, parse_constant=_reject_constant, parse_float=_reject_huge_float)
     except RecursionError:
         raise BadRequest("JSON nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
@@ -414,7 +484,11 @@ def _clean(message: str) -> str:
 
 # ------------------------------------------------------------------ observability
 
-_VERBS = {"/scheduler/filter": "filter", "/scheduler/bind": "bind"}
+_VERBS = {
+    "/scheduler/filter": "filter",
+    "/scheduler/prioritize": "prioritize",
+    "/scheduler/bind": "bind",
+}
 _STATUS_OUTCOMES = {400: "bad_request", 413: "bad_request", 503: "not_synced"}
 
 decisions = logging.getLogger("gas.decisions")

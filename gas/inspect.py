@@ -51,7 +51,11 @@ or `--node` names no node.
         {"kind": "over_capacity" | "annotation" | "drift", ...}
       ],
       "warnings": [{"kind": "node" | "unaccounted", ...}],
-      "drift": null                   # without --extender; else {"url": ..., "differences": [...]}
+      "drift": null,                  # without --extender; else {"url": ..., "differences": [...]}
+      "placeable": {                  # only with --placeable: more pods of each size that fit
+        "nodes": {"node-a": {"quarter-card": 4, "half-card": 2, "one-card": 1, "two-cards": 0}},
+        "total": {"quarter-card": 4, ...}   # each size counted alone (gas.scoring)
+      }
     }
 
 Resource names drop the `gpu.intel.com/` prefix: `i915`, `memory.max`, `millicores`, ...
@@ -150,6 +154,9 @@ class Report:
     warnings: list[Finding]
     drift_url: str | None = None
     drift: list[str] = field(default_factory=list)
+    placeable: dict[str, dict[str, int]] | None = None
+    """Node -> pod size -> more pods of that size that fit (`gas.scoring.placeable_pods`);
+    None unless asked for (`--placeable`)."""
 
     @property
     def resources(self) -> list[str]:
@@ -179,6 +186,7 @@ def build_report(
     nodes: Sequence[Mapping[str, Any]],
     pods: Sequence[Mapping[str, Any]],
     only_node: str | None = None,
+    placeable: bool = False,
 ) -> Report:
     """What the annotations of `pods` give out on the cards of `nodes` (pure)."""
     # Imported when used: `gas` imports this module to build its parser on every start.
@@ -258,7 +266,18 @@ def build_report(
             warnings.append(Finding("node", f"{name}: {gpu.problem}", node=name))
         problems.extend(_capacity_findings(view))
 
+    fragmentation = None
+    if placeable:
+        from gas.scoring import placeable_pods
+
+        fragmentation = placeable_pods(
+            [gpus[v.name] for v in views if v.name in gpus and gpus[v.name].cards],
+            usage,
+            {node: frozenset(cards) for node, cards in card_blockers.items()},
+            frozenset(node_blockers),
+        )
     return Report(
+        placeable=fragmentation,
         nodes=views,
         pods=sum(len(holding_pods.get(view.name, ())) for view in views),
         nodes_without_gpus=len({_name(obj) for obj in nodes} - shown),
@@ -395,6 +414,7 @@ def render_table(report: Report) -> str:
         "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]]).rstrip()
         for row in rows
     ]
+    lines += _placeable_lines(report)
     for title, findings in (("Problems", report.problems), ("Warnings", report.warnings)):
         if findings:
             lines += ["", f"{title}:", *(f"  {f.message}" for f in findings)]
@@ -407,6 +427,24 @@ def render_table(report: Report) -> str:
             lines.append(f"Ledger at {report.drift_url}: no drift")
     lines += ["", _total_line(report)]
     return "\n".join(lines) + "\n"
+
+
+def _placeable_lines(report: Report) -> list[str]:
+    """Fragmentation: how many more pods of each common size each node could take."""
+    from gas.scoring import POD_SIZES, cluster_placeable
+
+    if report.placeable is None:
+        return []
+    sizes = [size.name for size in POD_SIZES]
+    rows = [["PLACEABLE", *sizes]]
+    rows += [[node, *(str(c.get(s, 0)) for s in sizes)] for node, c in report.placeable.items()]
+    total = cluster_placeable(report.placeable)
+    rows.append(["total", *(str(total[s]) for s in sizes)])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(sizes) + 1)]
+    return [
+        "",
+        *("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows),
+    ]
 
 
 def _total_line(report: Report) -> str:
@@ -437,7 +475,7 @@ def report_json(report: Report) -> dict[str, Any]:
             for res, (a, c) in sorted(resources.items(), key=lambda i: _resource_order(i[0]))
         }
 
-    return {
+    result: dict[str, Any] = {
         "nodes": [
             {
                 "name": node.name,
@@ -471,6 +509,12 @@ def report_json(report: Report) -> dict[str, Any]:
         if report.drift_url is None
         else {"url": report.drift_url, "differences": report.drift},
     }
+    if report.placeable is not None:
+        from gas.scoring import cluster_placeable
+
+        total = cluster_placeable(report.placeable)
+        result["placeable"] = {"nodes": report.placeable, "total": total}
+    return result
 
 
 # ---------------------------------------------------------------- command line
@@ -523,6 +567,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how long drift must persist to count: a running gas's watch trails the API "
         "server by a moment (3)",
     )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="check the invariants instead of showing the table: no card over capacity, no "
+        "pod or tile accounted twice and, with --extender, the ledger equals the annotations "
+        "plus its binds in flight (exit 1 on any violation)",
+    )
+    parser.add_argument(
+        "--placeable",
+        action="store_true",
+        help="also show how many more pods of common sizes (a quarter, half or whole card, "
+        "two cards) each node could take: GPU fragmentation",
+    )
     parser.add_argument("-v", "--v", type=int, default=2, help="log verbosity: 4+ debug (2)")
 
 
@@ -537,7 +594,9 @@ def run(args: argparse.Namespace) -> int:
                 and not any(as_mapping(p.get("spec")).get("nodeName") == args.node for p in pods)
             ):
                 raise InspectError(f"node {args.node} not found")
-            report = build_report(nodes, pods, args.node)
+            if getattr(args, "check", False):
+                return _run_check(args, api_client, nodes, pods)
+            report = build_report(nodes, pods, args.node, args.placeable)
             if args.extender:
                 report.drift_url = args.extender
                 report.drift = _check_drift(args, api_client, pods)
@@ -681,6 +740,39 @@ def _check_drift(
         _, pods = _read_cluster(api_client, args.node)
         differences = _drift(pods, _fetch_ledger(args), args.node)
     return differences
+
+
+def _run_check(
+    args: argparse.Namespace,
+    api_client: Any,
+    nodes: list[dict[str, Any]],
+    pods: list[dict[str, Any]],
+) -> int:
+    """`--check`: the invariants of gas.audit.check_invariants; a violation involving the
+    ledger counts only if it outlasts `--driftWait` (the watch trails the API server)."""
+    from gas.audit import check_invariants, in_flight
+
+    ledger = _fetch_ledger(args) if args.extender else None
+    violations = check_invariants(nodes, pods, ledger)
+    deadline = time.monotonic() + max(args.driftWait, 0.0)
+    while violations and ledger is not None and time.monotonic() < deadline:
+        time.sleep(DRIFT_POLL)
+        nodes, pods = _read_cluster(api_client, args.node)
+        ledger = _fetch_ledger(args)
+        violations = check_invariants(nodes, pods, ledger)
+    flying = in_flight(ledger) if ledger is not None else []
+    if args.output == "json":
+        text = json.dumps({"violations": violations, "in_flight": flying}, indent=2) + "\n"
+    else:
+        lines = [f"Violations ({len(violations)}):", *(f"  {v}" for v in violations)]
+        if not violations:
+            lines = ["Invariants hold" + (f" (ledger at {args.extender})" if ledger else "")]
+        if flying:
+            lines += [f"Binds in flight ({len(flying)}):", *(f"  {f}" for f in flying)]
+        text = "\n".join(lines) + "\n"
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return EXIT_PROBLEMS if violations else EXIT_OK
 
 
 def _drift(

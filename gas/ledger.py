@@ -409,6 +409,12 @@ class Ledger:
                 }
                 if any(e.holding.tiles):
                     pods[uid]["tiles"] = format_tiles(e.holding.tiles)
+                if e.replaced is not None:
+                    # The uncertain earlier bind a reservation took over: still counted.
+                    pods[uid]["replaced"] = {
+                        "node": e.replaced.holding.node,
+                        "cards": [list(c) for c in e.replaced.holding.allocation],
+                    }
             result: dict[str, Any] = {
                 "nodes": {
                     name: {

@@ -14,6 +14,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gas.ledger import Ledger
+from gas.scoring import POD_SIZES, cluster_placeable, placeable_pods
 
 # Filter and bind answer in milliseconds; the scheduler's timeout is seconds.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
@@ -55,6 +56,7 @@ class Metrics:
 
     def watch_ledger(self, ledger: Ledger) -> None:
         self.registry.register(_LedgerCollector(ledger))
+        self.registry.register(_PlaceableCollector(ledger))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -95,3 +97,36 @@ class _LedgerCollector(Collector):
         yield capacity
         yield allocated
         yield pods
+
+
+class _PlaceableCollector(Collector):
+    """`gas_placeable_pods{size}`: fragmentation, from the ledger at scrape time."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        snapshot = self._ledger.snapshot()
+        blocked: dict[str, set[str]] = {}
+        blocked_nodes = set()
+        for entry in snapshot["pods"].values():
+            blocked.setdefault(entry["node"], set()).update(entry["blocked_cards"])
+            if entry["blocks_node"]:
+                blocked_nodes.add(entry["node"])
+        nodes = [n for n in map(self._ledger.node, snapshot["nodes"]) if n is not None]
+        per_node = placeable_pods(
+            nodes,
+            snapshot["usage"],
+            {name: frozenset(cards) for name, cards in blocked.items()},
+            frozenset(blocked_nodes),
+        )
+        gauge = GaugeMetricFamily(
+            "gas_placeable_pods",
+            "More pods of a common size that the cluster could still place, each size "
+            "counted alone (quarter-card, half-card and one-card: that share of one card's "
+            "memory.max; two-cards: two whole cards).",
+            labels=["size"],
+        )
+        for size, count in cluster_placeable(per_node, POD_SIZES).items():
+            gauge.add_metric([size], count)
+        yield gauge

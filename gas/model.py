@@ -50,6 +50,9 @@ ANNOTATION_DENY = "gas-deny"
 ANNOTATION_SAME_GPU = "gas-same-gpu"
 ANNOTATION_XELINK = "gas-allocate-xelink"
 ANNOTATION_SINGLE_NUMA = "gas-allocate-single-numa"
+ANNOTATION_POLICY = "gas-policy"
+FIRST_FIT, BINPACK, SPREAD = "first-fit", "binpack", "spread"
+PLACEMENT_POLICIES = (FIRST_FIT, BINPACK, SPREAD)
 LABEL_DESCHEDULE_POD = "gpu.aware.scheduling/deschedule-pod"
 
 # More cards than this in one label is a broken label, not a real machine.
@@ -387,6 +390,8 @@ class PodRequest:
     xelink: bool = False
     single_numa: bool = False
     problems: Mapping[str, str] = field(default_factory=dict)
+    policy: str | None = None
+    """The pod's `gas-policy` annotation (one of PLACEMENT_POLICIES), when it has one."""
 
     @property
     def wants_tiles(self) -> bool:
@@ -524,6 +529,16 @@ def _with_annotations(
                     f"must ask for as many {TILES} as GPUs ({need.gpus})"
                 )
                 break
+    policy: str | None = None
+    if ANNOTATION_POLICY in annotations:
+        value = annotations[ANNOTATION_POLICY]
+        policy = value.strip().lower() if isinstance(value, str) else None
+        if policy not in PLACEMENT_POLICIES:
+            policy = None
+            problems[ANNOTATION_POLICY] = (
+                f"gpu: pod annotation {ANNOTATION_POLICY} is {str(value)[:40]!r}, "
+                f"not one of {', '.join(PLACEMENT_POLICIES)}"
+            )
     return PodRequest(
         containers=needs,
         allow=allow,
@@ -532,6 +547,7 @@ def _with_annotations(
         xelink=xelink,
         single_numa=single_numa,
         problems=problems,
+        policy=policy,
     )
 
 

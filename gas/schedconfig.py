@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 GAS_ROUTES = {"filterVerb": "/scheduler/filter", "bindVerb": "/scheduler/bind"}
+PRIORITIZE_ROUTE = "/scheduler/prioritize"
 I915 = "gpu.intel.com/i915"
 XE = "gpu.intel.com/xe"
 GPU_PREFIX = "gpu.intel.com/"
@@ -982,13 +983,17 @@ class Checker:
                         f"the call goes to {target}, but gas serves POST {route}",
                         _line(entry, key),
                     )
-        if entry.get("prioritizeVerb"):
-            self.warning(
-                _join(path, "prioritizeVerb"),
-                "gas has no prioritize route: every call fails (kube-scheduler ignores "
-                "prioritize errors, but logs them); remove it",
-                _line(entry, "prioritizeVerb"),
-            )
+        prioritize = entry.get("prioritizeVerb")
+        if isinstance(prioritize, str) and prioritize and not prioritize.startswith("/"):
+            scored = f"{prefix_path}/{prioritize}" if prefix_path is not None else None
+            if scored is not None and scored != PRIORITIZE_ROUTE:
+                # kube-scheduler ignores prioritize errors, so this fails silently.
+                self.warning(
+                    _join(path, "prioritizeVerb"),
+                    f"the call goes to {scored}, but gas serves POST {PRIORITIZE_ROUTE}; "
+                    "every score would be lost",
+                    _line(entry, "prioritizeVerb"),
+                )
         if entry.get("preemptVerb"):
             self.error(
                 _join(path, "preemptVerb"),

@@ -14,8 +14,10 @@ renewed certificate (cert-manager, a rotated Secret) is picked up without a rest
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import re
 import signal
 import ssl
 import sys
@@ -27,7 +29,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from gunicorn.app.base import BaseApplication  # type: ignore[import-untyped]
 from gunicorn.arbiter import Arbiter  # type: ignore[import-untyped]
-from gunicorn.workers.gthread import ThreadWorker  # type: ignore[import-untyped]
+from gunicorn.workers.gthread import (  # type: ignore[import-untyped]
+    _DEFER,
+    DEFAULT_WORKER_DATA_TIMEOUT,
+    ThreadWorker,
+)
 
 from gas.tls import TLS12_CIPHERS, TLSConfigError, server_ssl_context
 
@@ -205,15 +211,148 @@ class _SingleWorkerArbiter(Arbiter):  # type: ignore[misc]
         self.kill_workers(signal.SIGTERM)
 
 
+# Slow clients. Stock gthread hands a connection to a thread as soon as its first byte
+# arrives, and the thread then blocks until the whole request is in: a few clients that
+# send their headers or body a byte at a time hold every thread forever (slowloris), and
+# kube-scheduler's requests wait behind them. So a request is first collected without a
+# thread: each time the socket is readable a thread takes what is there, without
+# blocking, and hands the connection back to gunicorn's poller until the request is
+# complete (up to _PREBUFFER_LIMIT bytes, which bounds memory per connection). A client
+# gets REQUEST_READ_TIMEOUT seconds from its first byte to deliver the whole request;
+# past that it is disconnected, and a body larger than the prebuffer limit is read with
+# the same deadline on every blocking read. kube-scheduler sends a request in
+# milliseconds, so neither limit touches it.
+REQUEST_READ_TIMEOUT = 30.0
+_PREBUFFER_LIMIT = 512 * 1024
+_HEAD_LIMIT = 64 * 1024
+_HEADER = re.compile(rb"\r\n([A-Za-z0-9-]+)[ \t]*:[ \t]*([^\r\n]*)")
+_LAST_CHUNK = re.compile(rb"(?:^|\r\n)0+[ \t]*(?:;[^\r\n]*)?\r\n(?:[^\r\n]+\r\n)*\r\n")
+
+
+def _request_complete(data: bytes, body_limit: int | None = None) -> bool:
+    """Whether ``data`` holds a whole HTTP/1.x request, or enough to stop waiting: the
+    parser then reads the rest, answers a malformed request, or the app refuses a body
+    over ``body_limit`` without reading it."""
+    cap = _PREBUFFER_LIMIT if body_limit is None else min(body_limit, _PREBUFFER_LIMIT)
+    end = data.find(b"\r\n\r\n")
+    if end < 0:
+        return len(data) > _HEAD_LIMIT
+    headers = {k.lower(): v.strip().lower() for k, v in _HEADER.findall(data[: end + 2])}
+    body = data[end + 4 :]
+    if b"100-continue" in headers.get(b"expect", b""):
+        return True  # the client waits for "100 Continue" before sending the body
+    if b"chunked" in headers.get(b"transfer-encoding", b""):
+        return _LAST_CHUNK.search(body) is not None or len(body) > cap
+    length = headers.get(b"content-length", b"0")
+    if not length.isdigit():
+        return True  # malformed: the parser answers 400
+    if body_limit is not None and int(length) > body_limit:
+        return True
+    return len(body) >= min(int(length), cap)
+
+
+class _DeadlineSocket:
+    """The socket a request is parsed from, with a deadline on every blocking read."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+        self.deadline: float | None = None
+
+    def recv(self, size: int) -> bytes:
+        if self.deadline is None:
+            return bytes(self.sock.recv(size))
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the client took too long to send its request")
+        prior = self.sock.gettimeout()
+        self.sock.settimeout(remaining if prior is None else min(prior, remaining))
+        try:
+            return bytes(self.sock.recv(size))
+        finally:
+            self.sock.settimeout(prior)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
 class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
     """gunicorn's gthread worker with a quick shutdown (SIGQUIT, sent on the master's
-    SIGINT) that cannot deadlock.
+    SIGINT) that cannot deadlock, and that slow clients cannot starve (see above).
 
     Stock gthread shuts its thread pool down inside the signal handler; when the signal
     lands while the main thread is handing a connection to that pool, both wait on the
     pool's lock and the worker hangs until the master kills it. Quick shutdown means
     in-flight requests are dropped anyway, so leave without touching the pool.
     """
+
+    def handle(self, conn: Any) -> Any:
+        if not conn.is_http2:
+            try:
+                ready = self._collect_request(conn)
+            except ssl.SSLError as exc:
+                # As gthread itself: a client that hung up is not worth a log line.
+                if exc.args[0] != ssl.SSL_ERROR_EOF:
+                    self.handle_error(None, conn.sock, conn.client, exc)
+                return False
+            except OSError as exc:
+                if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, None):
+                    self.log.exception("Socket error reading a request.")
+                elif exc.errno is None:
+                    self.handle_error(None, conn.sock, conn.client, exc)
+                return False
+            except Exception as exc:
+                self.handle_error(None, conn.sock, conn.client, exc)
+                return False
+            if ready is not True:
+                return ready
+        return super().handle(conn)
+
+    def _collect_request(self, conn: Any) -> Any:
+        """True when the request is buffered (or HTTP/2), _DEFER to wait for more without
+        a thread, False to close a connection that took too long."""
+        if not conn.initialized:
+            if not conn.wait_for_data(DEFAULT_WORKER_DATA_TIMEOUT):
+                return _DEFER
+            conn.sock.setblocking(True)
+            conn.init()  # TLS handshake, bounded by the context's handshake timeout
+            if conn.is_http2:
+                return True
+        unreader = conn.parser.unreader
+        if not isinstance(unreader.sock, _DeadlineSocket):
+            unreader.sock = _DeadlineSocket(unreader.sock)
+        started = getattr(conn, "gas_request_started", None)
+        if started is None:
+            started = conn.gas_request_started = time.monotonic()
+        buffer = unreader.buf
+        buffer.seek(0, os.SEEK_END)
+        eof = False
+        conn.sock.setblocking(False)
+        try:
+            while buffer.tell() <= _PREBUFFER_LIMIT + _HEAD_LIMIT:
+                try:
+                    data = conn.sock.recv(65536)
+                except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    break
+                if not data:
+                    eof = True
+                    break
+                buffer.write(data)
+        finally:
+            conn.sock.setblocking(True)
+        limit = getattr(self.wsgi, "config", {}).get("MAX_CONTENT_LENGTH")
+        if eof or _request_complete(buffer.getvalue(), limit):
+            conn.gas_request_started = None
+            unreader.sock.deadline = started + REQUEST_READ_TIMEOUT
+            return True
+        if time.monotonic() - started > REQUEST_READ_TIMEOUT:
+            self.log.info(
+                "closing connection from %s: no complete request in %gs",
+                conn.client,
+                REQUEST_READ_TIMEOUT,
+            )
+            return False
+        conn.data_ready = False
+        return _DEFER
 
     def handle_quit(self, sig: int, frame: Any) -> None:
         self.alive = False

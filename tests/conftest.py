@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -7,9 +8,30 @@ from typing import Any
 
 import pytest
 
-from gas.audit import drift, over_capacity, usage_from_pods
+from gas.audit import check_invariants, drift, usage_from_pods
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles, make_tls_files
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--soak",
+        nargs="?",
+        type=int,
+        const=50_000,
+        default=None,
+        metavar="N",
+        help="run the randomised reliability workload for N operations (50000; env GAS_SOAK=N)",
+    )
+
+
+@pytest.fixture
+def soak_operations(request: pytest.FixtureRequest) -> int:
+    """Operations for a soak run of the randomised workload; 0 when not asked for."""
+    value = request.config.getoption("--soak")
+    if value is None:
+        value = int(os.environ.get("GAS_SOAK") or 0)
+    return int(value)
 
 
 @pytest.fixture(scope="session")
@@ -72,17 +94,21 @@ def wait_for_nodes(gas: GasProcess, *names: str) -> None:
 
 
 def assert_consistent(gas: GasProcess, apiserver: ApiServerDouble) -> None:
-    """The invariants: no card over capacity, and the ledger equals what the cluster's
-    annotations imply for bound, non-terminal pods (once the watch has caught up)."""
+    """The invariants (gas.audit.check_invariants): no card over capacity, no pod or tile
+    accounted twice, and the ledger equals what the cluster's annotations imply for bound,
+    non-terminal pods plus its binds in flight (once the watch has caught up)."""
     pods = apiserver.list_pods()
     nodes = apiserver.list_nodes()
+    assert check_invariants(nodes, pods) == []
     expected = usage_from_pods(pods)
-    assert over_capacity(nodes, expected) == []
 
     def settled() -> bool:
-        return drift(expected, ledger_of(gas)["usage"]) == []
+        ledger = ledger_of(gas)
+        return not check_invariants(nodes, pods, ledger) and not drift(expected, ledger["usage"])
 
     try:
         wait_for(settled, timeout=10, what="ledger to match the cluster")
     except TimeoutError:
-        assert drift(expected, ledger_of(gas)["usage"]) == []
+        ledger = ledger_of(gas)
+        assert check_invariants(nodes, pods, ledger) == []
+        assert drift(expected, ledger["usage"]) == []

@@ -434,11 +434,14 @@ def test_gas_must_filter_and_bind(capsys: pytest.CaptureFixture[str], tmp_path: 
     lint(capsys, tmp_path, v1(filterVerb=None)).only("ERROR", "extenders[0].filterVerb", "full")
 
 
-def test_gas_has_no_prioritize_or_preempt_route(
+def test_prioritize_must_reach_gas_and_preempt_is_not_served(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     result = lint(capsys, tmp_path, v1(prioritizeVerb="scheduler/prioritize", weight=1))
-    result.only("WARNING", "extenders[0].prioritizeVerb", "no prioritize route")
+    assert result.status == 0
+    assert result.findings("WARNING", "extenders[0].prioritizeVerb") == []
+    result = lint(capsys, tmp_path, v1(prioritizeVerb="scheduler/priorities", weight=1))
+    result.only("WARNING", "extenders[0].prioritizeVerb", "every score would be lost")
     result = lint(capsys, tmp_path, v1(preemptVerb="scheduler/preempt"))
     assert result.status == 1
     result.only("ERROR", "extenders[0].preemptVerb", "no preempt route")

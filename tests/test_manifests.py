@@ -18,6 +18,7 @@ from kubernetes import client
 
 from gas.demo import DemoCluster, load_demo_file
 from gas.extender import create_app
+from gas.leader import LEASE_NAME
 from gas.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -301,10 +302,16 @@ def test_kubectl_kustomize_builds_exactly_the_files(kustomization: dict[str, Any
 # ------------------------------------------------------------------ the gas workload
 
 
-def test_deployment_runs_one_hardened_replica() -> None:
+def test_deployment_runs_hardened_replicas_with_leader_election() -> None:
     deployment = find("Deployment", "gas")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    # Only the leader is Ready: a rollout must not wait for a new pod to become Ready
+    # while the old leader runs (it never would), so all old pods may go at once.
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": spec["replicas"]},
+    }
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == "gas"
     (gas,) = pod["containers"]
@@ -317,6 +324,13 @@ def test_deployment_runs_one_hardened_replica() -> None:
         get = gas[probe]["httpGet"]
         assert (get["path"], get["scheme"], get["port"]) == (path, "HTTPS", "https")
     assert gas["ports"] == [{"name": "https", "containerPort": 9001}]
+    assert "--leaderElect" in gas["args"]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in gas["env"]}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    labels = spec["template"]["metadata"]["labels"]
+    assert _selects(term["podAffinityTerm"]["labelSelector"]["matchLabels"], labels)
 
 
 def test_deployment_serves_the_tls_secret() -> None:
@@ -355,17 +369,20 @@ def test_service_and_budget_select_the_extender_and_nothing_else() -> None:
 
 
 def test_disruption_budget_never_blocks_a_drain() -> None:
-    """With one replica, `minAvailable: 1` would make every eviction of gas fail, and a
-    node drain would hang; the budget must allow one pod down."""
+    """Only the leader is Ready, so the budget sees one healthy pod: `minAvailable: 1`
+    would make every eviction of the leader fail, and a node drain would hang; the budget
+    must allow the one Ready pod down."""
     replicas = find("Deployment", "gas")["spec"]["replicas"]
+    ready = 1
     budget = find("PodDisruptionBudget", "gas")
     assert budget["apiVersion"] == "policy/v1"
     spec = budget["spec"]
     assert ("minAvailable" in spec) != ("maxUnavailable" in spec)
     if "maxUnavailable" in spec:
-        assert isinstance(spec["maxUnavailable"], int) and spec["maxUnavailable"] >= 1
+        assert isinstance(spec["maxUnavailable"], int)
+        assert replicas - spec["maxUnavailable"] < ready
     else:
-        assert isinstance(spec["minAvailable"], int) and spec["minAvailable"] < replicas
+        assert isinstance(spec["minAvailable"], int) and spec["minAvailable"] < ready
 
 
 # ------------------------------------------------------------------ RBAC against the code
@@ -378,6 +395,9 @@ CALL_RULES = {
     "CoreV1Api.patch_namespaced_pod": ("", "pods", {"patch"}),
     "CoreV1Api.create_namespaced_pod_binding": ("", "pods/binding", {"create"}),
     "CoreV1Api.create_namespaced_event": ("", "events", {"create"}),
+    "CoordinationV1Api.read_namespaced_lease": ("coordination.k8s.io", "leases", {"get"}),
+    "CoordinationV1Api.create_namespaced_lease": ("coordination.k8s.io", "leases", {"create"}),
+    "CoordinationV1Api.replace_namespaced_lease": ("coordination.k8s.io", "leases", {"update"}),
     "CoreV1Api.patch_namespaced_event": ("", "events", {"patch"}),
     "EventsV1Api.create_namespaced_event": ("events.k8s.io", "events", {"create"}),
     "EventsV1Api.patch_namespaced_event": ("events.k8s.io", "events", {"patch"}),
@@ -471,7 +491,12 @@ def granted_to_gas() -> dict[tuple[str, str], set[str]]:
         role = find(kind, name)
         assert role["metadata"].get("namespace") == (namespace if kind == "Role" else None)
         for rule in role["rules"]:
-            assert not rule.get("resourceNames") and not rule.get("nonResourceURLs")
+            assert not rule.get("nonResourceURLs")
+            # Names only where RBAC can check them (not `create`), and only the Lease's.
+            names = rule.get("resourceNames")
+            if names:
+                assert names == [LEASE_NAME] and "create" not in rule["verbs"], rule
+                assert rule["resources"] == ["leases"] and kind == "Role", rule
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
                     granted.setdefault((group, resource), set()).update(rule["verbs"])

@@ -56,6 +56,10 @@ __all__ = [
     "FaultInjector",
     "FaultRule",
     "JSONDict",
+    "RbacGrant",
+    "RbacRequest",
+    "rbac_grants_from_manifests",
+    "rbac_request",
 ]
 
 JSONDict = dict[str, Any]
@@ -335,6 +339,7 @@ class _Kind:
     namespaced: bool
     storage_prefix: str
     fields: Mapping[str, Callable[[JSONDict], str]]
+    api_version: str = "v1"
 
     def storage_key(self, namespace: str, name: str) -> str:
         if self.namespaced:
@@ -345,7 +350,7 @@ class _Kind:
         """The object with ``kind``/``apiVersion`` first, as returned by GET/watch."""
         if "kind" in obj:
             return obj
-        return {"kind": self.kind, "apiVersion": "v1", **obj}
+        return {"kind": self.kind, "apiVersion": self.api_version, **obj}
 
 
 _PODS: Final = _Kind(
@@ -389,7 +394,20 @@ _EVENTS: Final = _Kind(
         "metadata.namespace": _field_getter("metadata", "namespace"),
     },
 )
-_KINDS: Final[Mapping[str, _Kind]] = {k.resource: k for k in (_PODS, _NODES, _EVENTS)}
+# Leader election: create/get/update with resourceVersion optimistic concurrency (409).
+_LEASES: Final = _Kind(
+    "leases",
+    "Lease",
+    "LeaseList",
+    True,
+    "/registry/leases",
+    {
+        "metadata.name": _field_getter("metadata", "name"),
+        "metadata.namespace": _field_getter("metadata", "namespace"),
+    },
+    "coordination.k8s.io/v1",
+)
+_KINDS: Final[Mapping[str, _Kind]] = {k.resource: k for k in (_PODS, _NODES, _EVENTS, _LEASES)}
 
 _LABEL_KEY = r"[A-Za-z0-9][-A-Za-z0-9_./]*"
 _LABEL_VALUE = r"[-A-Za-z0-9_.]*"
@@ -822,7 +840,9 @@ class _Response:
 # ---------------------------------------------------------------------------------------
 # Fault injection
 
-_ACTIONS: Final = frozenset({"status", "delay", "after_write_status", "drop_watch", "close"})
+_ACTIONS: Final = frozenset(
+    {"status", "delay", "after_write_status", "after_write_delay", "drop_watch", "close"}
+)
 
 
 @dataclass
@@ -843,7 +863,7 @@ class FaultRule:
             return False
         if self.action == "drop_watch" and not is_watch:
             return False
-        if self.action == "after_write_status" and is_watch:
+        if self.action in {"after_write_status", "after_write_delay"} and is_watch:
             return False
         return self.path_regex.search(path) is not None
 
@@ -857,6 +877,8 @@ class FaultInjector:
     * ``("delay", seconds)`` sleep, then handle normally.
     * ``("after_write_status", code)`` handle normally (the write happens), then answer
       ``code`` instead of the real response.
+    * ``("after_write_delay", seconds)`` handle normally (the write happens), then sleep
+      before answering: a client timeout after the write.
     * ``("drop_watch", None)`` close a watch stream abruptly after its first event.
     * ``("close", None)`` close the connection without answering.
 
@@ -878,7 +900,7 @@ class FaultInjector:
         name, arg = action
         if name not in _ACTIONS:
             raise ValueError(f"unknown fault action {name!r}; expected one of {sorted(_ACTIONS)}")
-        if name in {"status", "after_write_status", "delay"} and arg is None:
+        if name in {"status", "after_write_status", "after_write_delay", "delay"} and arg is None:
             raise ValueError(f"fault action {name!r} needs an argument")
         rule = FaultRule(method.upper(), re.compile(path_regex), name, arg, times)
         with self._lock:
@@ -981,6 +1003,20 @@ _ROUTES: Final[tuple[tuple[re.Pattern[str], str, str | None, frozenset[str], str
         frozenset({"GET", "POST"}),
         "events.k8s.io/v1",
     ),
+    (
+        re.compile(rf"^/apis/coordination\.k8s\.io/v1/namespaces/{_SEG}/leases$"),
+        "collection",
+        "leases",
+        frozenset({"GET", "POST"}),
+        "coordination.k8s.io/v1",
+    ),
+    (
+        re.compile(rf"^/apis/coordination\.k8s\.io/v1/namespaces/{_SEG}/leases/{_SEG}$"),
+        "item",
+        "leases",
+        frozenset({"GET", "PUT", "DELETE"}),
+        "coordination.k8s.io/v1",
+    ),
     (re.compile(r"^/version/?$"), "version", None, frozenset({"GET"}), "v1"),
     (re.compile(r"^/(healthz|readyz|livez)$"), "health", None, frozenset({"GET"}), "v1"),
 )
@@ -1059,7 +1095,13 @@ class ApiServerDouble:
         *,
         history_limit: int = _DEFAULT_HISTORY,
         bookmark_interval: float = 1.0,
+        rbac: Iterable[RbacGrant] | None = None,
     ) -> None:
+        # None: every request is allowed (the default). Otherwise only what a grant allows;
+        # the rest is answered 403 Forbidden and recorded in ``denied``.
+        self.rbac: list[RbacGrant] | None = None if rbac is None else list(rbac)
+        self.rbac_user = "system:serviceaccount:gas-system:gas"
+        self._denied: list[RbacRequest] = []
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._store: dict[str, dict[tuple[str, str], JSONDict]] = {k: {} for k in _KINDS}
@@ -1072,6 +1114,9 @@ class ApiServerDouble:
         self._stopping = False
         self.bookmark_interval = bookmark_interval
         self.faults = FaultInjector()
+        # Holder identities whose Lease writes fail with 500: one replica cut off from the
+        # lease while the others still reach it (a path fault would hit them all).
+        self.lease_cut_off: set[str] = set()
         self.kubeconfig_path: str | None = None
         self._requests_lock = threading.Lock()
         self._requests: list[tuple[str, str]] = []
@@ -1239,6 +1284,12 @@ class ApiServerDouble:
             obj_dict = dict(obj)
             ns = _field_str(obj_dict, "metadata", "namespace") or "default"
             return copy.deepcopy(self._create_locked(_PODS, ns, obj_dict, from_http=False))
+
+    def get_lease(self, namespace: str, name: str) -> JSONDict | None:
+        """A coordination.k8s.io/v1 Lease as stored, or None."""
+        with self._lock:
+            found = self._store[_LEASES.resource].get((namespace, name))
+            return copy.deepcopy(found) if found is not None else None
 
     def get_pod(self, namespace: str, name: str) -> JSONDict | None:
         with self._lock:
@@ -1722,6 +1773,27 @@ class ApiServerDouble:
         with self._lock:
             self._watchers.discard(watcher)
 
+    @property
+    def denied(self) -> list[RbacRequest]:
+        """Every request refused with 403 by the RBAC check, oldest first."""
+        with self._requests_lock:
+            return list(self._denied)
+
+    def _authorize(
+        self, route: _Route, method: str, query: Mapping[str, str], is_watch: bool
+    ) -> ApiError | None:
+        grants = self.rbac
+        if grants is None or route.kind is None:
+            # /version and the health endpoints: granted to every authenticated user by
+            # the default system:public-info-viewer and system:discovery roles.
+            return None
+        attributes = rbac_request(route, method, query, is_watch)
+        if any(grant.allows(attributes) for grant in grants):
+            return None
+        with self._requests_lock:
+            self._denied.append(attributes)
+        return attributes.forbidden(self.rbac_user)
+
     def _log_request(self, method: str, path: str, target: str) -> None:
         with self._requests_lock:
             self._requests.append((method, path))
@@ -1752,6 +1824,10 @@ class ApiServerDouble:
         kind = route.kind
         assert kind is not None
         namespace = route.namespace or ""
+        if kind is _LEASES and method in ("POST", "PUT") and self.lease_cut_off:
+            spec = _decode_object(body).get("spec")
+            if isinstance(spec, dict) and spec.get("holderIdentity") in self.lease_cut_off:
+                raise _fault_error(500)
         if route.target == "collection":
             if method == "GET":
                 return _Response(200, self._list(kind, route.namespace, query))
@@ -1929,6 +2005,10 @@ class _Handler(BaseHTTPRequestHandler):
             and method == "GET"
             and _parse_bool(query.get("watch"))
         )
+        denial = double._authorize(route, method, query, is_watch) if route is not None else None
+        if denial is not None:
+            self._send(denial)
+            return
         rule = double.faults.take(method, path, is_watch)
         action = rule.action if rule is not None else ""
         if rule is not None and action == "close":
@@ -1957,6 +2037,8 @@ class _Handler(BaseHTTPRequestHandler):
             response = ApiError(500, "InternalError", f"Internal error occurred: {exc!r}", {})
         if rule is not None and action == "after_write_status":
             response = _fault_error(int(rule.arg or 500))
+        if rule is not None and action == "after_write_delay":
+            time.sleep(float(rule.arg or 0))
         self._send(response)
 
     def _send(self, response: _Response | ApiError) -> None:
@@ -2108,3 +2190,146 @@ class _Handler(BaseHTTPRequestHandler):
             if not converted and self._client_gone():
                 self.close_connection = True
                 return
+
+
+# ---------------------------------------------------------------------------------------
+# RBAC: an optional authorizer, as kube-apiserver's RBAC authorizer decides for one user.
+
+
+@dataclass(frozen=True)
+class RbacRequest:
+    """The attributes the real authorizer sees for one resource request."""
+
+    verb: str
+    api_group: str
+    resource: str
+    subresource: str
+    namespace: str
+    name: str
+
+    @property
+    def resource_path(self) -> str:
+        return f"{self.resource}/{self.subresource}" if self.subresource else self.resource
+
+    def forbidden(self, user: str) -> ApiError:
+        # The real message and details (k8s.io/apiserver/pkg/endpoints/handlers/responsewriters).
+        qualified = f"{self.resource}.{self.api_group}" if self.api_group else self.resource
+        subject = f'{qualified} "{self.name}"' if self.name else qualified
+        scope = f'in the namespace "{self.namespace}"' if self.namespace else "at the cluster scope"
+        message = (
+            f'{subject} is forbidden: User "{user}" cannot {self.verb} resource '
+            f'"{self.resource_path}" in API group "{self.api_group}" {scope}'
+        )
+        details: JSONDict = {"kind": self.resource}
+        if self.name:
+            details = {"name": self.name, **details}
+        if self.api_group:
+            details["group"] = self.api_group
+        return ApiError(403, "Forbidden", message, details)
+
+
+@dataclass(frozen=True)
+class RbacGrant:
+    """One PolicyRule, valid cluster-wide (ClusterRoleBinding) or in one namespace."""
+
+    verbs: frozenset[str]
+    api_groups: frozenset[str]
+    resources: frozenset[str]
+    resource_names: frozenset[str] = frozenset()
+    namespace: str | None = None
+
+    def allows(self, request: RbacRequest) -> bool:
+        if self.namespace is not None and request.namespace != self.namespace:
+            return False
+        if not ({"*", request.verb} & self.verbs):
+            return False
+        if not ({"*", request.api_group} & self.api_groups):
+            return False
+        wanted = {request.resource_path, "*"}
+        if request.subresource:
+            wanted.add(f"*/{request.subresource}")
+        else:
+            wanted.add(request.resource)
+        if not (wanted & self.resources):
+            return False
+        return not self.resource_names or request.name in self.resource_names
+
+
+def rbac_request(
+    route: _Route, method: str, query: Mapping[str, str], is_watch: bool
+) -> RbacRequest:
+    """Map one HTTP request to RBAC attributes (verb, group, resource, ...)."""
+    assert route.kind is not None
+    group = route.api_version.rpartition("/")[0]
+    subresource = route.target if route.target in ("status", "binding") else ""
+    if route.target == "collection":
+        verb = {"GET": "watch" if is_watch else "list", "POST": "create"}.get(
+            method, "deletecollection" if method == "DELETE" else method.lower()
+        )
+    else:
+        verb = {
+            "GET": "get",
+            "POST": "create",
+            "PUT": "update",
+            "PATCH": "patch",
+            "DELETE": "delete",
+        }.get(method, method.lower())
+    return RbacRequest(
+        verb=verb,
+        api_group=group,
+        resource=route.kind.resource,
+        subresource=subresource,
+        namespace=route.namespace or "",
+        name=route.name or "",
+    )
+
+
+def rbac_grants_from_manifests(
+    documents: Iterable[Any], service_account: tuple[str, str]
+) -> list[RbacGrant]:
+    """The rules that (Cluster)RoleBindings give the ServiceAccount ``(namespace, name)``.
+
+    A ClusterRoleBinding grants its ClusterRole everywhere; a RoleBinding grants its Role
+    or ClusterRole in the binding's namespace only. Unknown role names grant nothing.
+    """
+    docs = [d for d in documents if isinstance(d, dict)]
+    roles: dict[tuple[str, str, str], list[Any]] = {}
+    for doc in docs:
+        if doc.get("kind") in ("Role", "ClusterRole"):
+            meta = doc.get("metadata") or {}
+            namespace = meta.get("namespace", "") if doc["kind"] == "Role" else ""
+            roles[(doc["kind"], namespace, meta.get("name", ""))] = doc.get("rules") or []
+    sa_namespace, sa_name = service_account
+    grants: list[RbacGrant] = []
+    for doc in docs:
+        if doc.get("kind") not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        subjects = doc.get("subjects") or []
+        if not any(
+            s.get("kind") == "ServiceAccount"
+            and s.get("name") == sa_name
+            and s.get("namespace", sa_namespace) == sa_namespace
+            for s in subjects
+        ):
+            continue
+        binding_namespace = (doc.get("metadata") or {}).get("namespace")
+        scope = binding_namespace if doc["kind"] == "RoleBinding" else None
+        ref = doc.get("roleRef") or {}
+        key = (
+            ref.get("kind", ""),
+            (binding_namespace or "") if ref.get("kind") == "Role" else "",
+            ref.get("name", ""),
+        )
+        for rule in roles.get(key, []):
+            if rule.get("nonResourceURLs"):
+                continue
+            grants.append(
+                RbacGrant(
+                    verbs=frozenset(rule.get("verbs") or ()),
+                    api_groups=frozenset(rule.get("apiGroups") or ()),
+                    resources=frozenset(rule.get("resources") or ()),
+                    resource_names=frozenset(rule.get("resourceNames") or ()),
+                    namespace=scope,
+                )
+            )
+    return grants

@@ -9,7 +9,10 @@ What it copies (see ../shared/reference/extender-protocol.md, sections 0, 1 and 
 - the wire: POST, only `Content-Type: application/json`, compact JSON, exact capitalised
   keys, one attempt, a client timeout; a reply counts only with status 200 and a JSON body;
   `Error` makes the call a failure; a `NodeNames` entry not in the input is an error;
-- the extender is asked only about pods that name a managed resource.
+- the extender is asked only about pods that name a managed resource;
+- prioritize (when `prioritize_weight` > 0) only with at least 2 feasible nodes; each
+  node's total is Score x weight x 10 (its own plugins are taken to score every node the
+  same), the highest total wins, ties are broken at random; a failed call adds nothing.
 """
 
 from __future__ import annotations
@@ -57,11 +60,13 @@ class SchedulerEmulator:
         timeout: float = 10.0,
         seed: int = 0,
         bind_workers: int = 8,
+        prioritize_weight: int = 1,
     ) -> None:
         self.api = api
         self.url = url.rstrip("/")
         self.node_cache_capable = node_cache_capable
         self.timeout = timeout
+        self.prioritize_weight = prioritize_weight
         self.random = random.Random(seed)
         self._session = requests.Session()
         self._session.trust_env = False  # kube-scheduler trusts only its configured CA
@@ -109,6 +114,8 @@ class SchedulerEmulator:
         if not feasible:
             outcome.error = outcome.error or "unschedulable"
             return _done(outcome)
+        if len(feasible) >= 2 and self.prioritize_weight > 0 and _interested(pod):
+            feasible = self._extender_prioritize(pod, feasible)
         node = feasible[0] if len(feasible) == 1 else self.random.choice(feasible)
         outcome.node = node
         uid = pod["metadata"]["uid"]
@@ -119,9 +126,7 @@ class SchedulerEmulator:
     def schedule_now(self, namespace: str, name: str) -> Outcome:
         return self.schedule(namespace, name).result()
 
-    def _extender_filter(
-        self, pod: dict[str, Any], nodes: list[str], outcome: Outcome
-    ) -> list[str]:
+    def _args(self, pod: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
         body: dict[str, Any] = {"Pod": pod}
         if self.node_cache_capable:
             body.update(Nodes=None, NodeNames=nodes)
@@ -129,7 +134,29 @@ class SchedulerEmulator:
             wanted = set(nodes)
             items = [n for n in self.api.list_nodes() if n["metadata"]["name"] in wanted]
             body.update(Nodes={"metadata": {}, "items": items}, NodeNames=None)
-        reply = self.call("scheduler/filter", body)
+        return body
+
+    def _extender_prioritize(self, pod: dict[str, Any], nodes: list[str]) -> list[str]:
+        """The nodes with the highest total, in `nodes` order (the caller picks at random)."""
+        totals = dict.fromkeys(nodes, 0)
+        try:
+            reply = self.call("scheduler/prioritize", self._args(pod, nodes))
+        except (ExtenderCallError, requests.RequestException, ValueError):
+            return nodes  # any prioritize error is ignored
+        if not isinstance(reply, list):
+            return nodes  # an object instead of an array is a decode error, ignored too
+        for entry in reply:
+            host = entry.get("Host") if isinstance(entry, dict) else None
+            score = entry.get("Score") if isinstance(entry, dict) else None
+            if host in totals and isinstance(score, int):
+                totals[host] += score * self.prioritize_weight * 10
+        best = max(totals.values())
+        return [node for node in nodes if totals[node] == best]
+
+    def _extender_filter(
+        self, pod: dict[str, Any], nodes: list[str], outcome: Outcome
+    ) -> list[str]:
+        reply = self.call("scheduler/filter", self._args(pod, nodes))
         if reply is None:
             return []
         if reply.get("Error"):
