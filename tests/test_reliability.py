@@ -239,8 +239,15 @@ def test_sigkill_during_binds_then_a_new_gas_rebuilds_the_same_ledger(
     wait_for(lambda: len(ledger_of(first)["nodes"]) == 5, what="nodes in gas")
     started = time.monotonic()
     workload.run(workload.random.randint(60, 160))
-    # Kill in the middle of binds: wait until some are in flight, at a seeded moment.
-    wait_for(lambda: workload.random.random() < 0.3 and workload._in_flight, timeout=30)
+    # Kill in the middle of binds, at a seeded moment. On a slow machine the binds of the
+    # batch may all be over by now: keep the workload going until some are in flight.
+    deadline = time.monotonic() + 60
+    while not (
+        workload.random.random() < 0.3
+        and any(not future.done() for future in workload._in_flight.values())
+    ):
+        assert time.monotonic() < deadline, "no bind ever in flight"
+        workload.run(2)
     in_flight_at_kill = len(workload._in_flight)
     first.kill()
     workload.drain()  # binds to the dead gas fail; Bindings already sent may still land
