@@ -65,11 +65,14 @@ class _Reflector(threading.Thread):
     """Keeps one kind of object in step with the API server, as client-go's reflector does:
     list, then watch from the list's resourceVersion; when a watch ends or its stream
     breaks, watch again from the last version seen; relist only on 410 Gone. Requests that
-    fail back off exponentially (up to 30 s) and mark the cluster not synced until one
+    fail back off exponentially (up to 8 s) and mark the cluster not synced until one
     succeeds again."""
 
     BASE_DELAY = 0.2
-    MAX_DELAY = 30.0
+    # Kept short: while gas is not synced every GPU pod waits, so once the API server is
+    # back gas should notice within seconds; one list attempt per resource every 8 s
+    # costs an API server that is down nothing.
+    MAX_DELAY = 8.0
 
     def __init__(
         self,
