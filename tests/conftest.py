@@ -11,6 +11,7 @@ import pytest
 from gas.audit import check_invariants, drift, usage_from_pods
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles, make_tls_files
+from tests.support.scheduler import SchedulerEmulator
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -71,6 +72,31 @@ def gas(start_gas: Callable[..., GasProcess], kubeconfig: str, tls_files: TLSFil
     process = start_gas(["--kubeConfig", kubeconfig], tls=tls_files)
     process.wait_ready()
     return process
+
+
+@pytest.fixture
+def emulators(
+    apiserver: ApiServerDouble, tls_files: TLSFiles
+) -> Iterator[Callable[..., SchedulerEmulator]]:
+    """kube-scheduler emulators talking to a given gas over mutual TLS; closed at the end.
+    `make(gas, seed=None, **options)`: the seed defaults to the emulator's number."""
+    made: list[SchedulerEmulator] = []
+
+    def make(gas: GasProcess, seed: int | None = None, **options: Any) -> SchedulerEmulator:
+        emulator = SchedulerEmulator(
+            apiserver,
+            gas.url,
+            cert=(tls_files.client_cert, tls_files.client_key),
+            verify=tls_files.ca,
+            seed=len(made) if seed is None else seed,
+            **options,
+        )
+        made.append(emulator)
+        return emulator
+
+    yield make
+    for emulator in made:
+        emulator.close()
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:

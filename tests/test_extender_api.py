@@ -231,22 +231,6 @@ def add_pending(cluster: ApiServerDouble, name: str, *containers: dict[str, Any]
     return cluster.add_pod(gpu_pod(name, *containers))
 
 
-def bind(server: GasProcess, pod: dict[str, Any], node: str, uid: str | None = None) -> str:
-    meta = pod["metadata"]
-    response = server.post(
-        "/scheduler/bind",
-        {
-            "PodName": meta["name"],
-            "PodNamespace": meta["namespace"],
-            "PodUID": uid or meta["uid"],
-            "Node": node,
-        },
-    )
-    assert response.status_code == 200
-    error: str = response.json()["Error"]
-    return error
-
-
 def test_bind_writes_annotations_and_node_in_one_binding(
     server: GasProcess, cluster: ApiServerDouble
 ) -> None:
@@ -255,7 +239,7 @@ def test_bind_writes_annotations_and_node_in_one_binding(
     assert reply["NodeNames"] == ["four-cards"]
     cluster.clear_requests()
     before = time.time_ns()
-    assert bind(server, pod, "four-cards") == ""
+    assert server.bind(pod, "four-cards") == ""
     stored = cluster.get_pod("default", "bind-ok")
     assert stored is not None
     assert stored["spec"]["nodeName"] == "four-cards"
@@ -274,7 +258,7 @@ def test_bind_without_a_filter_call_reads_the_pod(
 ) -> None:
     pod = add_pending(cluster, "bind-nofilter")
     cluster.clear_requests()
-    assert bind(server, pod, "two-cards") == ""
+    assert server.bind(pod, "two-cards") == ""
     assert ("GET", "/api/v1/namespaces/default/pods/bind-nofilter") in cluster.requests
     stored = cluster.get_pod("default", "bind-nofilter")
     assert stored is not None and stored["spec"]["nodeName"] == "two-cards"
@@ -283,16 +267,15 @@ def test_bind_without_a_filter_call_reads_the_pod(
 def test_bind_with_a_wrong_uid_writes_nothing(server: GasProcess, cluster: ApiServerDouble) -> None:
     pod = add_pending(cluster, "bind-uid")
     cluster.clear_requests()
-    error = bind(server, pod, "two-cards", uid="not-the-uid")
+    error = server.bind(pod, "two-cards", uid="not-the-uid")
     assert "has UID" in error and "not-the-uid" in error
     assert cluster.count_requests("POST", r"/binding$") == 0
     assert cluster.get_pod("default", "bind-uid")["spec"].get("nodeName") is None  # type: ignore[index]
 
 
 def test_bind_of_a_missing_pod(server: GasProcess) -> None:
-    error = bind(
-        server, {"metadata": {"name": "gh%st", "namespace": "default", "uid": "u"}}, "two-cards"
-    )
+    ghost = {"metadata": {"name": "gh%st", "namespace": "default", "uid": "u"}}
+    error = server.bind(ghost, "two-cards")
     assert "does not exist" in error
     assert "%" not in error
 
@@ -302,7 +285,7 @@ def test_bind_that_no_longer_fits_writes_nothing(
 ) -> None:
     pod = add_pending(cluster, "bind-big", container(i915="1", memory_max="9Gi"))
     cluster.clear_requests()
-    error = bind(server, pod, "two-cards")
+    error = server.bind(pod, "two-cards")
     assert "memory.max" in error
     assert cluster.count_requests("POST", r"/binding$") == 0
     assert pod["metadata"]["uid"] not in ledger_of(server)["pods"]
@@ -314,7 +297,7 @@ def test_binding_refused_by_the_api_server_releases_the_cards(
     pod = add_pending(cluster, "bind-taken")
     server.post("/scheduler/filter", {"Pod": pod, "NodeNames": ["two-cards"]})
     cluster.patch_pod("default", "bind-taken", {"spec": {"nodeName": "elsewhere"}})
-    error = bind(server, pod, "two-cards")
+    error = server.bind(pod, "two-cards")
     assert "already assigned" in error
     assert pod["metadata"]["uid"] not in ledger_of(server)["pods"]
 

@@ -147,17 +147,17 @@ def test_gas_runs_its_whole_life_on_the_granted_rbac(
         pending = api.add_pod(gpu_pod("fits", container(i915="1", memory_max="1Gi")))
         reply = filter_call(gas, pending, ["n1", "small"])
         assert reply["NodeNames"] == ["n1", "small"]
-        assert bind_call(gas, pending, "n1") == ""
+        assert gas.bind(pending, "n1") == ""
 
         # bind without a filter: gas reads the pod itself (get pods)
         direct = api.add_pod(gpu_pod("direct", namespace="team-b"))
-        assert bind_call(gas, direct, "n1") == ""
+        assert gas.bind(direct, "n1") == ""
 
         # no fit anywhere: a Warning event; a failed bind: another event
         huge = api.add_pod(gpu_pod("huge", container(i915="8")))
         reply = filter_call(gas, huge, ["n1", "small"])
         assert reply["NodeNames"] == []
-        assert bind_call(gas, huge, "small") != ""
+        assert gas.bind(huge, "small") != ""
         wait_for(lambda: len(api.events) >= 3, what="gas's events")
 
         # deschedule: a node policy label makes gas label the pods on that card
@@ -215,7 +215,7 @@ def test_leader_election_leases_are_granted(
         gas.wait_ready()  # ready only once it holds the Lease
         pod = enforcing.add_pod(gpu_pod("p"))
         assert filter_call(gas, pod, ["n1"])["NodeNames"] == ["n1"]
-        assert bind_call(gas, pod, "n1") == ""
+        assert gas.bind(pod, "n1") == ""
     finally:
         gas.stop(signal.SIGTERM)  # a graceful stop releases the Lease (an update)
     leases = [(m, p) for m, p in enforcing.requests if "/leases" in p]
@@ -231,19 +231,3 @@ def filter_call(gas: GasProcess, pod: dict[str, Any], nodes: list[str]) -> dict[
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()
     return body
-
-
-def bind_call(gas: GasProcess, pod: dict[str, Any], node: str) -> str:
-    meta = pod["metadata"]
-    response = gas.post(
-        "/scheduler/bind",
-        {
-            "PodName": meta["name"],
-            "PodNamespace": meta["namespace"],
-            "PodUID": meta["uid"],
-            "Node": node,
-        },
-    )
-    assert response.status_code == 200, response.text
-    error: str = response.json()["Error"]
-    return error

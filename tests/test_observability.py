@@ -23,22 +23,6 @@ def metric(text: str, name: str, **labels: str) -> float:
     raise KeyError(f"{name} {labels} not in metrics")
 
 
-def bind(gas: GasProcess, pod: dict[str, object], node: str) -> str:
-    meta = pod["metadata"]
-    assert isinstance(meta, dict)
-    reply = gas.post(
-        "/scheduler/bind",
-        {
-            "PodName": meta["name"],
-            "PodNamespace": meta["namespace"],
-            "PodUID": meta["uid"],
-            "Node": node,
-        },
-    ).json()
-    error: str = reply["Error"]
-    return error
-
-
 def test_metrics_after_traffic(gas: GasProcess, apiserver: ApiServerDouble) -> None:
     apiserver.add_node(gpu_node("m1", "0.1", i915="2", memory_max="16Gi"))
     wait_for_nodes(gas, "m1")
@@ -47,7 +31,7 @@ def test_metrics_after_traffic(gas: GasProcess, apiserver: ApiServerDouble) -> N
     assert gas.post("/scheduler/filter", {"Pod": small, "NodeNames": ["m1"]}).ok
     assert gas.post("/scheduler/filter", {"Pod": huge, "NodeNames": ["m1", "ghost"]}).ok
     assert gas.post("/scheduler/filter", {"Pod": "x", "NodeNames": []}).status_code == 400
-    assert bind(gas, small, "m1") == ""
+    assert gas.bind(small, "m1") == ""
     response = gas.session.get(gas.url + "/metrics", timeout=5)
     assert response.status_code == 200
     text = response.text
@@ -92,7 +76,7 @@ def test_events_explain_binds_and_pending_pods(gas: GasProcess, apiserver: ApiSe
     wait_for_nodes(gas, "e1")
     ok = apiserver.add_pod(gpu_pod("ok", container(i915="1", memory_max="4Gi")))
     waits = apiserver.add_pod(gpu_pod("waits", container(i915="1", memory_max="2Gi")))
-    assert bind(gas, ok, "e1") == ""
+    assert gas.bind(ok, "e1") == ""
     for _ in range(3):  # kube-scheduler retries a Pending pod; one Event, not three
         reply = gas.post("/scheduler/filter", {"Pod": waits, "NodeNames": ["e1"]}).json()
         assert reply["NodeNames"] == []
@@ -114,7 +98,7 @@ def test_decisions_are_logged_as_json_lines(gas: GasProcess, apiserver: ApiServe
     apiserver.add_node(gpu_node("l1", "0.1", i915="2", memory_max="16Gi"))
     wait_for_nodes(gas, "l1")
     pod = apiserver.add_pod(gpu_pod("logged", container(i915="2", memory_max="2Gi")))
-    assert bind(gas, pod, "l1") == ""
+    assert gas.bind(pod, "l1") == ""
 
     def decisions() -> list[dict[str, object]]:
         found = []

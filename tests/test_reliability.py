@@ -11,7 +11,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -33,26 +33,12 @@ I915 = "gpu.intel.com/i915"
 
 @pytest.fixture
 def scheduler_for(
-    apiserver: ApiServerDouble, tls_files: TLSFiles
-) -> Iterator[Callable[[GasProcess, int], SchedulerEmulator]]:
-    made: list[SchedulerEmulator] = []
-
+    emulators: Callable[..., SchedulerEmulator],
+) -> Callable[[GasProcess, int], SchedulerEmulator]:
     def make(gas: GasProcess, seed: int) -> SchedulerEmulator:
-        emulator = SchedulerEmulator(
-            apiserver,
-            gas.url,
-            cert=(tls_files.client_cert, tls_files.client_key),
-            verify=tls_files.ca,
-            seed=seed,
-            bind_workers=8,
-            timeout=15,
-        )
-        made.append(emulator)
-        return emulator
+        return emulators(gas, seed, bind_workers=8, timeout=15)
 
-    yield make
-    for emulator in made:
-        emulator.close()
+    return make
 
 
 def report(name: str, workload: Workload, started: float) -> None:

@@ -4,7 +4,7 @@ fragmentation measure: pure functions first, then a real gas process and the emu
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -373,27 +373,6 @@ def metric(text: str, name: str, **labels: str) -> float:
 
 
 # ---------------------------------------------------------------- the emulator end to end
-
-
-@pytest.fixture
-def emulators(
-    apiserver: ApiServerDouble, tls_files: TLSFiles
-) -> Iterator[Callable[[GasProcess], SchedulerEmulator]]:
-    made: list[SchedulerEmulator] = []
-
-    def make(gas: GasProcess) -> SchedulerEmulator:
-        emulator = SchedulerEmulator(
-            apiserver,
-            gas.url,
-            cert=(tls_files.client_cert, tls_files.client_key),
-            verify=tls_files.ca,
-        )
-        made.append(emulator)
-        return emulator
-
-    yield make
-    for emulator in made:
-        emulator.close()
 
 
 @pytest.mark.parametrize(

@@ -8,11 +8,9 @@ API-server outages, uncertain Binding outcomes, and no double counting.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
-
-import pytest
 
 from gas.allocator import NODE_BLOCKED
 from gas.audit import usage_from_pods
@@ -33,29 +31,6 @@ StartGas = Callable[..., GasProcess]
 
 
 # ------------------------------------------------------------------ helpers
-
-
-@pytest.fixture
-def emulators(
-    apiserver: ApiServerDouble, tls_files: TLSFiles
-) -> Iterator[Callable[[GasProcess], SchedulerEmulator]]:
-    """kube-scheduler emulators talking to a given gas over mutual TLS."""
-    made: list[SchedulerEmulator] = []
-
-    def make(gas: GasProcess) -> SchedulerEmulator:
-        emulator = SchedulerEmulator(
-            apiserver,
-            gas.url,
-            cert=(tls_files.client_cert, tls_files.client_key),
-            verify=tls_files.ca,
-            seed=len(made),
-        )
-        made.append(emulator)
-        return emulator
-
-    yield make
-    for emulator in made:
-        emulator.close()
 
 
 def launch(start_gas: StartGas, kubeconfig: str, tls_files: TLSFiles) -> GasProcess:
@@ -106,22 +81,6 @@ def refusal(gas: GasProcess, pod: dict[str, Any], node: str) -> str:
     reasons = {**reply["FailedNodes"], **reply["FailedAndUnresolvableNodes"]}
     reason: str = reasons[node]
     return reason
-
-
-def bind(gas: GasProcess, pod: dict[str, Any], node: str) -> str:
-    meta = pod["metadata"]
-    response = gas.post(
-        "/scheduler/bind",
-        {
-            "PodName": meta["name"],
-            "PodNamespace": meta["namespace"],
-            "PodUID": meta["uid"],
-            "Node": node,
-        },
-    )
-    assert response.status_code == 200, response.text
-    error: str = response.json()["Error"]
-    return error
 
 
 def cluster_usage(apiserver: ApiServerDouble) -> dict[str, Any]:
@@ -497,7 +456,7 @@ def test_bind_written_but_answered_500_keeps_the_cards(
     assert passes(gas, first, "solo")
 
     apiserver.faults.add("POST", r"/pods/first/binding$", ("after_write_status", 500))
-    error = bind(gas, first, "solo")
+    error = gas.bind(first, "solo")
     assert "outcome unknown" in error
     # The Binding did land.
     stored = apiserver.get_pod("default", "first")
@@ -509,7 +468,7 @@ def test_bind_written_but_answered_500_keeps_the_cards(
     assert entry["cards"] == [["card0"]]
     # ... so a second pod racing for it is refused, by filter and by bind.
     assert "not enough free" in refusal(gas, second, "solo")
-    assert "not enough free" in bind(gas, second, "solo")
+    assert "not enough free" in gas.bind(second, "solo")
     assert apiserver.count_requests("POST", r"/pods/second/binding$") == 0
     wait_for(lambda: ledger_of(gas)["pods"][uid]["state"] == "bound", what="first bound")
     assert ledger_of(gas)["usage"] == {"solo": {"card0": {I915: 1}}}
@@ -518,7 +477,7 @@ def test_bind_written_but_answered_500_keeps_the_cards(
     apiserver.delete_pod("default", "first")
     wait_for(lambda: uid not in ledger_of(gas)["pods"], what="first released")
     assert passes(gas, second, "solo")
-    assert bind(gas, second, "solo") == ""
+    assert gas.bind(second, "solo") == ""
     assert_consistent(gas, apiserver)
 
 
@@ -533,7 +492,7 @@ def test_bind_refused_or_failed_without_a_write(
 
     # A definitive refusal (nothing written) gives the card back at once.
     apiserver.faults.add("POST", r"/pods/refused/binding$", ("status", 409))
-    error = bind(gas, refused, "solo")
+    error = gas.bind(refused, "solo")
     assert "refused the binding" in error
     assert ledger_of(gas)["pods"] == {}
     assert ledger_of(gas)["usage"] == {}
@@ -545,7 +504,7 @@ def test_bind_refused_or_failed_without_a_write(
     other = apiserver.add_pod(gpu_pod("other"))
     uncertain = apiserver.add_pod(gpu_pod("uncertain"))
     apiserver.faults.add("POST", r"/pods/uncertain/binding$", ("status", 500))
-    assert "outcome unknown" in bind(gas, uncertain, "solo")
+    assert "outcome unknown" in gas.bind(uncertain, "solo")
     assert node_name_of(apiserver, "uncertain") is None
     apiserver.add_pod(bound_pod("marker", "spare", "card0"))
     wait_for(
@@ -559,7 +518,7 @@ def test_bind_refused_or_failed_without_a_write(
     # Deleting the uncertain pod frees the card.
     apiserver.delete_pod("default", "uncertain")
     wait_for(lambda: "solo" not in ledger_of(gas)["usage"], what="uncertain released")
-    assert bind(gas, other, "solo") == ""
+    assert gas.bind(other, "solo") == ""
     assert_consistent(gas, apiserver)
 
 

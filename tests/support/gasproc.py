@@ -10,6 +10,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -142,6 +143,22 @@ class GasProcess:
             headers={"Content-Type": "application/json", **headers},
             timeout=10,
         )
+
+    def bind(self, pod: dict[str, Any], node: str, uid: str | None = None) -> str:
+        """POST a bind as kube-scheduler does; the reply's Error ("" when bound)."""
+        meta = pod["metadata"]
+        response = self.post(
+            "/scheduler/bind",
+            {
+                "PodName": meta["name"],
+                "PodNamespace": meta["namespace"],
+                "PodUID": uid or meta["uid"],
+                "Node": node,
+            },
+        )
+        assert response.status_code == 200, response.text
+        error: str = response.json()["Error"]
+        return error
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.process.poll() is None:
