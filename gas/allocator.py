@@ -7,6 +7,12 @@ finds the same ones. Where first fit fails on a multi-container pod, a bounded b
 search tries the other card choices, so a node is only dropped when no set of cards fits
 (or the search budget runs out, which only an absurd pod can cause).
 
+Most pods have one container asking for cards and use plain first fit: they take a
+shortcut (`_first_fit`) that finds the same cards, or the same reason, without setting up
+the general search, and with a node `Summary` most pods that do not fit are refused without
+looking at each card. `place_by_search` is the search alone, which the shortcut is tested
+against.
+
 A rejection says whether waiting can help: `unresolvable` means the pod would not fit on
 this node even with every card idle, so preemption is pointless there.
 
@@ -92,6 +98,30 @@ class Placement:
 NODE_BLOCKED = "gpu: node has a pod with an unreadable gas-container-cards annotation"
 
 
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """Where one node stands, for the first-fit shortcut to refuse most pods without
+    looking at each card. Over the node's cards not disabled by its labels (`cards`):
+    how many are `blocked`, and over the others (`open`), the least usage of each
+    resource the node has capacity of. Made by `summarize`."""
+
+    cards: int
+    open: int
+    blocked: int
+    least_used: Mapping[str, int]
+
+
+def summarize(node: NodeGpu, usage: Usage, blocked: frozenset[str] = frozenset()) -> Summary:
+    """The summary of `node` with `usage` and `blocked` cards, for `place`."""
+    usable = [card for card in node.cards if card not in node.disabled]
+    open_cards = [card for card in usable if card not in blocked]
+    least = {
+        res: min((usage.get(card, {}).get(res, 0) for card in open_cards), default=0)
+        for res in node.capacity
+    }
+    return Summary(len(usable), len(open_cards), len(usable) - len(open_cards), least)
+
+
 def allocate(
     node: NodeGpu,
     usage: Usage,
@@ -127,13 +157,52 @@ def place(
     order: Sequence[str] | None = None,
     tiles_used: TileUsage | None = None,
     policy: Policy | None = None,
+    summary: Summary | None = None,
 ) -> Placement | Rejection:
     """Cards and tiles per container for `request` on `node`, or the reason it does not fit.
 
     `blocked` cards count as full (an annotation naming them could not be read);
     `node_blocked` makes every card full. `order` overrides the numeric card order.
-    `tiles_used` names the tile indices other pods hold on each card.
+    `tiles_used` names the tile indices other pods hold on each card. `summary`, when
+    given, is `summarize(node, usage, blocked)`: callers fitting many pods to one state of
+    a node compute it once, and most pods that do not fit are then refused without
+    looking at each card.
     """
+    return _place(
+        node, usage, request, blocked, node_blocked, order, tiles_used, policy, True, summary
+    )
+
+
+def place_by_search(
+    node: NodeGpu,
+    usage: Usage,
+    request: PodRequest,
+    *,
+    blocked: frozenset[str] = frozenset(),
+    node_blocked: bool = False,
+    order: Sequence[str] | None = None,
+    tiles_used: TileUsage | None = None,
+    policy: Policy | None = None,
+) -> Placement | Rejection:
+    """`place` through the general search alone, without the first-fit shortcut: the
+    reference the shortcut is tested against (same answers, same reasons)."""
+    return _place(
+        node, usage, request, blocked, node_blocked, order, tiles_used, policy, False, None
+    )
+
+
+def _place(
+    node: NodeGpu,
+    usage: Usage,
+    request: PodRequest,
+    blocked: frozenset[str],
+    node_blocked: bool,
+    order: Sequence[str] | None,
+    tiles_used: TileUsage | None,
+    policy: Policy | None,
+    shortcut: bool,
+    summary: Summary | None,
+) -> Placement | Rejection:
     policy = policy or Policy()
     if node.problem is not None:
         return Rejection(node.problem, unresolvable=True)
@@ -154,6 +223,9 @@ def place(
     most = max(need.gpus for need in request.containers)
     if most > widest:
         return Rejection(_too_few_usable(node, request, most, widest), unresolvable=True)
+    single = _lone_need(request, policy, sets) if shortcut else None
+    if single is not None:
+        return _first_fit(node, usage, request, single, sets[0], blocked, summary)
     tiles_used = tiles_used or {}
     busy = _busy_tiles(node, tiles_used)
     adjusted = _with_tile_usage(node, usage, tiles_used)
@@ -236,6 +308,70 @@ def _search_sets(
         # The whole pod in one NUMA group (GAS decides per container), groups in label order.
         return [tuple(c for c in usable if c in group) for group in node.numa_groups]
     return [tuple(usable)]
+
+
+def _lone_need(request: PodRequest, policy: Policy, sets: Sequence[tuple[str, ...]]) -> int | None:
+    """The index of the pod's only container asking for cards, when the search reduces to
+    plain first fit over one card order: no tiles to choose, no Xe links, no NUMA groups,
+    no card order that moves with usage. Most pods are like this, and `_first_fit` finds
+    their cards (or the reason) without the general search's set-up."""
+    if len(sets) != 1 or request.xelink or policy.balanced:
+        return None
+    if policy.placement_for(request) != FIRST_FIT:
+        return None
+    found = None
+    for index, need in enumerate(request.containers):
+        if need.gpus > 0:
+            if found is not None or TILES in need.requests:
+                return None
+            found = index
+    return found
+
+
+def _first_fit(
+    node: NodeGpu,
+    usage: Usage,
+    request: PodRequest,
+    index: int,
+    cards: tuple[str, ...],
+    blocked: frozenset[str],
+    summary: Summary | None,
+) -> Placement | Rejection:
+    """What `_search` finds for a pod whose only card-asking container is `index`: its
+    first `gpus` fitting cards in `cards` order. The caller has checked that the node has
+    enough usable cards and that a card has room for the per-card need, so the pod fits
+    on the idle node and a miss is a shortage."""
+    need = request.containers[index]
+    capacity = node.capacity
+    # A card fits when its usage of each resource is at most this (usage + need <= capacity).
+    limits = [(res, capacity.get(res, 0) - amount) for res, amount in need.per_card().items()]
+    wanted = need.gpus
+    if summary is not None and summary.cards == len(cards):
+        # `cards` are all the node's usable cards (a subset of them, as many): when no
+        # open card has room for some resource, `_shortage` would count every open card
+        # short of it, which no other resource can beat.
+        counts = dict.fromkeys(
+            (res for res, limit in limits if summary.least_used[res] > limit), summary.open
+        )
+        if counts or not summary.open:
+            if summary.blocked:
+                counts["blocked"] = summary.blocked
+            return Rejection(_worst_shortage(counts, request), unresolvable=False)
+    chosen: list[str] = []
+    for card in cards:
+        if card in blocked:
+            continue
+        used = usage.get(card)
+        if used is None or all(used.get(res, 0) <= limit for res, limit in limits):
+            chosen.append(card)
+            if len(chosen) == wanted:
+                picked = tuple(chosen)
+                containers = range(len(request.containers))
+                return Placement(
+                    tuple(picked if i == index else () for i in containers),
+                    tuple(() for _ in containers),
+                )
+    return Rejection(_shortage(node, usage, request, blocked, cards), unresolvable=False)
 
 
 def _too_few_usable(node: NodeGpu, request: PodRequest, most: int, widest: int) -> str:
@@ -503,6 +639,11 @@ def _shortage(
             for res, amount in need.per_card().items():
                 if usage.get(card, {}).get(res, 0) + amount > node.capacity.get(res, 0):
                     counts[res] = counts.get(res, 0) + 1
+    return _worst_shortage(counts, request)
+
+
+def _worst_shortage(counts: Mapping[str, int], request: PodRequest) -> str:
+    """The reason for the resource (or "blocked") that keeps the most cards out."""
     if not counts:
         if request.xelink:
             return "gpu: not enough free Xe-linked card pairs"

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from flask import Flask
 
 from gas import __version__
+from gas.ledger import DEFAULT_PENDING_GRACE
 
 if TYPE_CHECKING:
     from gas.leader import Elector
@@ -123,6 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=8 * 1024 * 1024,
         help="largest request body accepted; larger ones get 413 (8 MiB)",
+    )
+    serve.add_argument(
+        "--pendingGrace",
+        type=_duration,
+        default=DEFAULT_PENDING_GRACE,
+        help="how long a Binding whose outcome was unknown may still land; after it, the "
+        "pod is read and its cards released if it is not bound by gas (2m: keep it above "
+        "the API server's --request-timeout)",
     )
     serve.add_argument("--v", type=int, default=2, help="log verbosity: 0-3 info, 4+ debug")
     _add_bool(
@@ -275,7 +284,7 @@ def serve(args: argparse.Namespace) -> int:
         from gas.ledger import Ledger
         from gas.metrics import Metrics
 
-        ledger = Ledger(policy=options.policy)
+        ledger = Ledger(policy=options.policy, pending_grace=args.pendingGrace)
         metrics = Metrics()
         cluster: Cluster
         if demo:

@@ -11,17 +11,20 @@ from __future__ import annotations
 import json
 import logging
 import math
+import operator
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import compress, repeat
+from operator import attrgetter
 from typing import Any
 
 from flask import Flask, Response, current_app, g, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTimeout
 
-from gas import scoring
+from gas import preemption, scoring
 from gas.allocator import Policy, Rejection
 from gas.cluster import BindRejected, BindUncertain, Cluster, ClusterError
 from gas.ledger import Ledger
@@ -30,6 +33,7 @@ from gas.model import (
     ANNOTATION_CARDS,
     ANNOTATION_TILES,
     ANNOTATION_TS,
+    FIRST_FIT,
     Allocation,
     NodeGpu,
     SpecError,
@@ -144,32 +148,24 @@ def create_app(
         metadata = as_mapping(pod.get("metadata"))
         uid = metadata.get("uid")
         uid = uid if isinstance(uid, str) and uid else None
+        answers: list[Allocation | Rejection]
         try:
             pod_ask = pod_request(pod)
         except SpecError as exc:
-            results: dict[str, Allocation | Rejection] = {
-                n: Rejection(str(exc), unresolvable=True) for n in names
-            }
+            answers = [Rejection(str(exc), unresolvable=True)] * len(names)
         else:
             if uid is not None:
                 memory.remember(uid, _slim_pod(pod))
-            candidates: list[NodeGpu | str]
             if node_objects is None:
-                candidates = list(names)
+                answers = ledger.check_names(pod_ask, names, uid)
             else:
                 candidates = [node_from_object(item) for item in node_objects]
-            results = ledger.check(pod_ask, candidates, uid)
-        passed: list[str] = []
-        failed: dict[str, str] = {}
-        unresolvable: dict[str, str] = {}
-        for name in names:
-            result = results[name]
-            if isinstance(result, Rejection):
-                (unresolvable if result.unresolvable else failed)[name] = result.reason
-                metrics.rejections.labels(result.reason).inc()
-            else:
-                passed.append(name)
-        reasons = _reason_counts({**failed, **unresolvable})
+                results = ledger.check(pod_ask, candidates, uid)
+                answers = list(map(results.__getitem__, names))
+        passed, failed, unresolvable, counts = _partition(names, answers)
+        for reason, count in counts.items():
+            metrics.rejections.labels(reason).inc(count)
+        reasons = _sorted_counts(counts)
         g.outcome = "fit" if passed else "no_fit"
         _decision(
             "filter",
@@ -212,18 +208,81 @@ def create_app(
                 given = {n.name: n for n in map(node_from_object, node_objects)}
             candidates: list[NodeGpu | str] = list(given.values()) if given else list(names)
             results = ledger.check(pod_ask, candidates, uid if isinstance(uid, str) else None)
+            # First fit scores 0 everywhere: no need to copy each node's usage for it.
+            scored = options.policy.placement_for(pod_ask) != FIRST_FIT
             for name in names:
                 result = results.get(name)
                 node = given.get(name) or ledger.node(name)
                 if result is None or isinstance(result, Rejection) or node is None:
                     continue
                 fitting += 1
-                scores[name] = scoring.node_score(
-                    node, ledger.usage(name), pod_ask, result, options.policy
-                )
+                if scored:
+                    scores[name] = scoring.node_score(
+                        node, ledger.usage(name), pod_ask, result, options.policy
+                    )
         g.outcome = "fit" if fitting else "no_fit"
         _decision("prioritize", pod, nodes=len(names), scores=dict(list(scores.items())[:20]))
         return _json([{"Host": name, "Score": value} for name, value in scores.items()])
+
+    @app.post("/scheduler/preempt")
+    def preempt_route() -> Response:
+        """ExtenderPreemptionResult, always in the meta form, for the candidate nodes given
+        in either form: `gas.preemption` explains which victims are kept, which are added
+        and which nodes are dropped. A pod whose GPU asks cannot be read fits nowhere.
+        Reserves nothing."""
+        args = _decode_object()
+        pod = args.get("pod")
+        if not isinstance(pod, dict):
+            raise BadRequest("ExtenderPreemptionArgs.Pod must be a Pod object")
+        proposals, violations = _preemption_candidates(args)
+        if not cluster.synced():
+            return _not_synced({"Error": "gas is not synced with the cluster yet"})
+        uid = as_mapping(pod.get("metadata")).get("uid")
+        results: dict[str, preemption.Selection | Rejection]
+        try:
+            pod_ask = pod_request(pod)
+        except SpecError as exc:
+            results = {name: Rejection(str(exc), unresolvable=True) for name in proposals}
+        else:
+            states = ledger.node_states(proposals, uid if isinstance(uid, str) else None)
+            results = preemption.select_all(
+                pod_ask, proposals, states, options.policy, priority=_priority(pod)
+            )
+        reply: dict[str, Any] = {}
+        dropped: dict[str, str] = {}
+        spared: dict[str, list[str]] = {}
+        added: dict[str, list[str]] = {}
+        for name, result in results.items():
+            if isinstance(result, Rejection):
+                dropped[name] = result.reason
+                metrics.preempt_nodes.labels("dropped").inc()
+                continue
+            metrics.preempt_nodes.labels(result.outcome).inc()
+            if result.spared:
+                spared[name] = list(result.spared)
+            if result.added:
+                added[name] = list(result.added)
+            # gas cannot tell which victims a disruption budget covers, nor count those of
+            # the victims it adds: the scheduler's count, which cannot exceed the proposed
+            # victims left.
+            proposed_left = len(result.victims) - len(result.added)
+            count = min(max(violations[name], 0), proposed_left)
+            reply[name] = {
+                "Pods": [{"UID": victim} for victim in result.victims],
+                "NumPDBViolations": count,
+            }
+        g.outcome = "fit" if reply else "no_fit"
+        _decision(
+            "preempt",
+            pod,
+            nodes=len(proposals),
+            kept=len(reply),
+            victims={name: [p["UID"] for p in v["Pods"]] for name, v in list(reply.items())[:20]},
+            spared=dict(list(spared.items())[:20]),
+            added=dict(list(added.items())[:20]),
+            dropped=_reason_counts(dropped),
+        )
+        return _json({"NodeNameToMetaVictims": reply})
 
     @app.post("/scheduler/bind")
     def bind_route() -> Response:
@@ -387,6 +446,11 @@ def _decode_object() -> dict[str, Any]:
         raise BadRequest(f"body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise BadRequest("body must be a JSON object")
+    return _fold(value)
+
+
+def _fold(value: Mapping[str, Any]) -> dict[str, Any]:
+    """A wire struct's keys lower-cased, as Go matches field names case-insensitively."""
     lowered: dict[str, Any] = {}
     for key, item in value.items():
         # An exact-case key wins over a differently cased duplicate, as in Go.
@@ -399,7 +463,8 @@ def _candidate_nodes(args: Mapping[str, Any]) -> tuple[list[str], list[dict[str,
     """Names of the nodes to judge, and the Node objects when the scheduler sent them."""
     names = args.get("nodenames")
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        # set(map(type, ...)) runs in C: NodeNames may list thousands of nodes.
+        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
             raise BadRequest("ExtenderArgs.NodeNames must be a list of strings")
         return list(dict.fromkeys(names)), None
     nodes = args.get("nodes")
@@ -412,6 +477,69 @@ def _candidate_nodes(args: Mapping[str, Any]) -> tuple[list[str], list[dict[str,
         unique = {_node_name(item): item for item in items}
         return list(unique), list(unique.values())
     raise BadRequest("ExtenderArgs carries neither NodeNames nor Nodes")
+
+
+def _preemption_candidates(
+    args: Mapping[str, Any],
+) -> tuple[dict[str, list[preemption.Victim]], dict[str, int]]:
+    """The proposed victims per node and each node's NumPDBViolations, from
+    `NodeNameToMetaVictims` (UIDs only) when it is given, else `NodeNameToVictims` (whole
+    pods, whose `spec.priority` is read). A null node entry proposes no victim."""
+    meta = args.get("nodenametometavictims")
+    full = args.get("nodenametovictims")
+    if meta is not None:
+        field, victims_of = "NodeNameToMetaVictims", _meta_victim
+    elif full is not None:
+        field, victims_of = "NodeNameToVictims", _pod_victim
+    else:
+        raise BadRequest(
+            "ExtenderPreemptionArgs carries neither NodeNameToMetaVictims nor NodeNameToVictims"
+        )
+    nodes = meta if meta is not None else full
+    if not isinstance(nodes, dict):
+        raise BadRequest(f"ExtenderPreemptionArgs.{field} must be an object of nodes")
+    proposals: dict[str, list[preemption.Victim]] = {}
+    violations: dict[str, int] = {}
+    for name, entry in nodes.items():
+        if entry is None:
+            proposals[name], violations[name] = [], 0
+            continue
+        if not isinstance(entry, dict):
+            raise BadRequest(f"{field}[{name[:100]!r}] must be an object with Pods")
+        entry = _fold(entry)
+        pods = entry.get("pods")
+        count = entry.get("numpdbviolations", 0)
+        if pods is not None and not isinstance(pods, list):
+            raise BadRequest(f"{field}[{name[:100]!r}].Pods must be a list")
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise BadRequest(f"{field}[{name[:100]!r}].NumPDBViolations must be an integer")
+        proposals[name] = [victims_of(item, f"{field}[{name[:100]!r}]") for item in pods or []]
+        violations[name] = count
+    return proposals, violations
+
+
+def _priority(pod: Mapping[str, Any]) -> int:
+    """The pod's `spec.priority`; 0 without one, as kube-scheduler counts it."""
+    value = as_mapping(pod.get("spec")).get("priority")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _meta_victim(item: object, where: str) -> preemption.Victim:
+    uid = _fold(item).get("uid") if isinstance(item, dict) else None
+    if not isinstance(uid, str) or not uid:
+        raise BadRequest(f"every pod in {where}.Pods needs a non-empty UID")
+    return preemption.Victim(uid)
+
+
+def _pod_victim(item: object, where: str) -> preemption.Victim:
+    pod = as_mapping(item)
+    uid = as_mapping(pod.get("metadata")).get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise BadRequest(f"every pod in {where}.Pods needs metadata.uid")
+    priority = as_mapping(pod.get("spec")).get("priority")
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        priority = None
+    return preemption.Victim(uid, priority)
 
 
 def _node_name(node: Mapping[str, Any]) -> str:
@@ -457,11 +585,42 @@ def _filter_reply(
         {
             "Nodes": None if node_objects is None else {"metadata": {}, "items": node_objects},
             "NodeNames": passed,
-            "FailedNodes": {k: _clean(v) for k, v in failed.items()},
-            "FailedAndUnresolvableNodes": {k: _clean(v) for k, v in unresolvable.items()},
+            "FailedNodes": _clean_values(failed),
+            "FailedAndUnresolvableNodes": _clean_values(unresolvable),
             "Error": _clean(error),
         }
     )
+
+
+def _partition(
+    names: list[str], answers: list[Allocation | Rejection]
+) -> tuple[list[str], dict[str, str], dict[str, str], Counter[str]]:
+    """(passed names, failed and unresolvable reasons by name, nodes per reason) in the
+    order of `names`, from the answer for each. A filter judges thousands of nodes: every
+    step is a C-level pass over them rather than a Python loop."""
+    refused = list(map(isinstance, answers, repeat(Rejection)))
+    passed = list(compress(names, map(operator.not_, refused)))
+    rejections = list(compress(answers, refused))
+    refused_names = list(compress(names, refused))
+    reasons: list[str] = list(map(attrgetter("reason"), rejections))
+    final = list(map(attrgetter("unresolvable"), rejections))
+    # Two zips rather than one list of pairs: zip reuses its tuple as dict() consumes it,
+    # where a list would hold thousands of tuples for the garbage collector to count.
+    failed = dict(compress(zip(refused_names, reasons, strict=True), map(operator.not_, final)))
+    unresolvable = dict(compress(zip(refused_names, reasons, strict=True), final))
+    return passed, failed, unresolvable, Counter(reasons)
+
+
+def _clean_values(reasons: dict[str, str]) -> dict[str, str]:
+    """`_clean` on every value; thousands of nodes share a few reasons, each cleaned once,
+    and the dict is returned as it is when no reason changes."""
+    cleaned: dict[str, str] = {}
+    for reason in reasons.values():
+        if reason not in cleaned:
+            cleaned[reason] = _clean(reason)
+    if all(before is after for before, after in cleaned.items()):
+        return reasons
+    return {name: cleaned[reason] for name, reason in reasons.items()}
 
 
 def _not_synced(reply: Response | dict[str, Any]) -> Response:
@@ -487,6 +646,7 @@ def _clean(message: str) -> str:
 _VERBS = {
     "/scheduler/filter": "filter",
     "/scheduler/prioritize": "prioritize",
+    "/scheduler/preempt": "preempt",
     "/scheduler/bind": "bind",
 }
 _STATUS_OUTCOMES = {400: "bad_request", 413: "bad_request", 503: "not_synced"}
@@ -510,6 +670,11 @@ def _reason_counts(reasons: Mapping[str, str]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for reason in reasons.values():
         counts[reason] = counts.get(reason, 0) + 1
+    return _sorted_counts(counts)
+
+
+def _sorted_counts(counts: Mapping[str, int]) -> dict[str, int]:
+    """Most frequent first, then by reason."""
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 

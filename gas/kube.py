@@ -26,7 +26,7 @@ from gas.cluster import BindRejected, BindUncertain, ClusterError
 from gas.deschedule import Descheduler, PatchRejected, PodGone
 from gas.ledger import Ledger, observe_pod
 from gas.metrics import Metrics
-from gas.model import node_from_object
+from gas.model import ANNOTATION_CARDS, node_from_object
 
 log = logging.getLogger(__name__)
 
@@ -229,6 +229,78 @@ class _EventSender(threading.Thread):
                 log.debug("event for %s not posted: %s", event["involvedObject"], exc)
 
 
+class _PendingSweeper(threading.Thread):
+    """Settles PENDING entries older than the ledger's grace (binds whose outcome was
+    unknown and that the watch has not resolved: the pod was deleted before the Binding
+    could land, or kube-scheduler never retried it) by reading each pod afresh."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        get_pod: Callable[[str, str], dict[str, Any] | None],
+        metrics: Metrics,
+        stop: threading.Event,
+    ) -> None:
+        super().__init__(name="pending-sweeper", daemon=True)
+        self._ledger = ledger
+        self._get_pod = get_pod
+        self._metrics = metrics
+        self._stop_event = stop
+        # Often enough that a stale entry lives at most a third longer than the grace.
+        self.interval = min(max(ledger.pending_grace / 3, 0.2), 30.0)
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            try:
+                self.sweep()
+            except Exception:
+                log.exception("settling uncertain binds failed; retrying")
+
+    def sweep(self) -> int:
+        released = 0
+        for stale in self._ledger.stale_pending():
+            try:
+                pod = self._get_pod(stale.namespace, stale.name)
+            except ClusterError as exc:
+                log.debug(
+                    "cannot settle the bind of %s/%s yet: %s", stale.namespace, stale.name, exc
+                )
+                continue
+            verdict = pending_verdict(pod, stale.uid)
+            if verdict is None or not self._ledger.settle_pending(stale):
+                continue
+            released += 1
+            self._metrics.pending_released.labels(verdict).inc()
+            log.warning(
+                "released the cards held for %s/%s (uid %s) on %s: its bind's outcome was "
+                "unknown and %.0fs later the pod is %s",
+                stale.namespace,
+                stale.name,
+                stale.uid,
+                stale.node,
+                self._ledger.pending_grace,
+                verdict,
+            )
+        return released
+
+
+def pending_verdict(pod: Mapping[str, Any] | None, uid: str) -> str | None:
+    """Why a stale uncertain bind of pod `uid` no longer holds cards, given a fresh read of
+    the pod; None when the pod shows gas's binding (the watch will confirm it)."""
+    if pod is None:
+        return "deleted"
+    metadata = pod.get("metadata") or {}
+    if metadata.get("uid") != uid:
+        return "deleted"  # a namesake replaced it
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return "finished"
+    if not (pod.get("spec") or {}).get("nodeName"):
+        return "not bound"
+    if ANNOTATION_CARDS not in (metadata.get("annotations") or {}):
+        return "bound by another binder"
+    return None
+
+
 class KubeCluster:
     """A real cluster through the official client."""
 
@@ -243,6 +315,7 @@ class KubeCluster:
         self._host = socket.gethostname()
         self._was_synced = False
         self._descheduler = Descheduler(self._patch_pod, self._stop)
+        self._sweeper = _PendingSweeper(ledger, self.get_pod, self._metrics, self._stop)
         self._reflectors = [
             _Reflector(
                 "nodes",
@@ -269,6 +342,7 @@ class KubeCluster:
     def start(self) -> None:
         self._events.start()
         self._descheduler.start()
+        self._sweeper.start()
         for reflector in self._reflectors:
             reflector.start()
 

@@ -376,8 +376,9 @@ def default_namespace() -> str:
 
 class LeaderGatedCluster:
     """A Cluster whose `synced()` is also false when this replica does not lead, so
-    filter and bind answer 503 and /readyz fails on followers. Everything else is the
-    wrapped cluster's: followers keep their ledger warm from the watch."""
+    filter, prioritize, preempt and bind answer 503 and /readyz fails on followers.
+    Everything else is the wrapped cluster's: followers keep their ledger warm from the
+    watch."""
 
     def __init__(self, cluster: Any, elector: Elector) -> None:
         self._cluster = cluster

@@ -53,6 +53,22 @@ class Metrics:
             ["resource"],
             registry=self.registry,
         )
+        self.pending_released = Counter(
+            "gas_pending_released",
+            "Cards released from binds whose outcome was unknown, once a read after the "
+            "grace showed the pod not bound by gas, by what it showed.",
+            ["verdict"],
+            registry=self.registry,
+        )
+        self.preempt_nodes = Counter(
+            "gas_preempt_nodes",
+            "Candidate nodes of preempt calls by verdict: as_proposed, trimmed (victims "
+            "whose cards the pod does not need spared), extended (lower-priority GPU pods "
+            "added where the proposed victims free no cards that fit the pod) or dropped (no "
+            "victim set frees cards that fit the pod).",
+            ["verdict"],
+            registry=self.registry,
+        )
 
     def watch_ledger(self, ledger: Ledger) -> None:
         self.registry.register(_LedgerCollector(ledger))

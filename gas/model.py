@@ -189,7 +189,10 @@ def node_from_object(node: Mapping[str, Any]) -> NodeGpu:
             if not isinstance(resource, str) or not resource.startswith(RESOURCE_PREFIX):
                 continue
             try:
-                capacity[resource] = parse_quantity(quantity) // len(cards)
+                amount = (
+                    _known_quantity(quantity) if type(quantity) is str else parse_quantity(quantity)
+                )
+                capacity[resource] = amount // len(cards)
             except QuantityError as exc:
                 raise SpecError(f"gpu: node allocatable {resource} is malformed") from exc
         policy = _node_policy(labels, cards, capacity.get(TILES, 0))
@@ -427,10 +430,19 @@ def container_requests(container: Mapping[str, Any], kind: str = "container") ->
         if not isinstance(resource, str) or not resource.startswith(RESOURCE_PREFIX):
             continue
         try:
-            result[resource] = parse_quantity(quantity)
+            result[resource] = (
+                _known_quantity(quantity) if type(quantity) is str else parse_quantity(quantity)
+            )
         except QuantityError as exc:
             raise SpecError(f"gpu: {kind} {_name(container)!r} {resource}: {exc}") from exc
     return result
+
+
+@functools.lru_cache(maxsize=4096)
+def _known_quantity(text: str) -> int:
+    """`parse_quantity` of a string, remembered: the pods of a cluster repeat a few
+    quantities thousands of times (errors are raised afresh each time)."""
+    return parse_quantity(text)
 
 
 def pod_request(pod: Mapping[str, Any]) -> PodRequest:
@@ -656,7 +668,9 @@ def allocation_usage(request: PodRequest, allocation: Allocation) -> dict[str, d
 
 
 def as_mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+    # JSON objects are plain dicts: the exact type test spares the slower ABC check,
+    # which a relist of tens of thousands of pods would otherwise make many times each.
+    return value if type(value) is dict or isinstance(value, Mapping) else {}
 
 
 def as_list(value: object) -> list[Any]:

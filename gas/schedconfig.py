@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 GAS_ROUTES = {"filterVerb": "/scheduler/filter", "bindVerb": "/scheduler/bind"}
 PRIORITIZE_ROUTE = "/scheduler/prioritize"
+PREEMPT_ROUTE = "/scheduler/preempt"
 I915 = "gpu.intel.com/i915"
 XE = "gpu.intel.com/xe"
 GPU_PREFIX = "gpu.intel.com/"
@@ -994,13 +995,25 @@ class Checker:
                     "every score would be lost",
                     _line(entry, "prioritizeVerb"),
                 )
-        if entry.get("preemptVerb"):
-            self.error(
-                _join(path, "preemptVerb"),
-                "gas has no preempt route: every call fails, which aborts preemption for "
-                "GPU pods; remove it",
-                _line(entry, "preemptVerb"),
-            )
+        preempt = entry.get("preemptVerb")
+        if isinstance(preempt, str) and preempt and not preempt.startswith("/"):
+            preempted = f"{prefix_path}/{preempt}" if prefix_path is not None else None
+            if preempted is not None and preempted != PREEMPT_ROUTE:
+                if entry.get("ignorable") is True:
+                    # An ignorable extender's failed preempt call is skipped.
+                    self.warning(
+                        _join(path, "preemptVerb"),
+                        f"the call goes to {preempted}, but gas serves POST {PREEMPT_ROUTE}; "
+                        "preemption would go ahead without gas's card check",
+                        _line(entry, "preemptVerb"),
+                    )
+                else:
+                    self.error(
+                        _join(path, "preemptVerb"),
+                        f"the call goes to {preempted}, but gas serves POST {PREEMPT_ROUTE}; "
+                        "every call fails, which aborts preemption for GPU pods",
+                        _line(entry, "preemptVerb"),
+                    )
         if entry.get("nodeCacheCapable") is not True:
             self.warning(
                 _join(path, "nodeCacheCapable"),

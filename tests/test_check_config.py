@@ -434,7 +434,7 @@ def test_gas_must_filter_and_bind(capsys: pytest.CaptureFixture[str], tmp_path: 
     lint(capsys, tmp_path, v1(filterVerb=None)).only("ERROR", "extenders[0].filterVerb", "full")
 
 
-def test_prioritize_must_reach_gas_and_preempt_is_not_served(
+def test_prioritize_and_preempt_must_reach_gas(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     result = lint(capsys, tmp_path, v1(prioritizeVerb="scheduler/prioritize", weight=1))
@@ -442,9 +442,25 @@ def test_prioritize_must_reach_gas_and_preempt_is_not_served(
     assert result.findings("WARNING", "extenders[0].prioritizeVerb") == []
     result = lint(capsys, tmp_path, v1(prioritizeVerb="scheduler/priorities", weight=1))
     result.only("WARNING", "extenders[0].prioritizeVerb", "every score would be lost")
-    result = lint(capsys, tmp_path, v1(preemptVerb="scheduler/preempt"))
+    assert lint(capsys, tmp_path, v1(preemptVerb="scheduler/preempt")).lines == ["OK"]
+    # A failed preempt call aborts preemption, unless the extender is ignorable.
+    result = lint(capsys, tmp_path, v1(preemptVerb="scheduler/preemption"))
     assert result.status == 1
-    result.only("ERROR", "extenders[0].preemptVerb", "no preempt route")
+    result.only("ERROR", "extenders[0].preemptVerb", "POST /scheduler/preempt", "aborts")
+    config = v1(
+        urlPrefix="https://gas-extender.gas-system.svc:9001/scheduler",
+        filterVerb="filter",
+        bindVerb="bind",
+        preemptVerb="preempt",
+    )
+    assert lint(capsys, tmp_path, config).lines == ["OK"]
+    result = lint(capsys, tmp_path, policy_of(v1(preemptVerb="preempt")), version="1.22")
+    result.only("ERROR", "extenders[0].preemptVerb", "/preempt, but gas serves")
+    # An ignorable extender's failed call is skipped: preemption then ignores the cards.
+    # (ignorable draws its own warning on the binder.)
+    result = lint(capsys, tmp_path, v1(preemptVerb="preempt", ignorable=True))
+    assert result.status == 0
+    result.only("WARNING", "extenders[0].preemptVerb", "without gas's card check")
 
 
 def test_kubeconfig_belongs_in_client_connection(

@@ -95,8 +95,10 @@ def node_of(obj: dict[str, Any]) -> NodeGpu:
     return node
 
 
-def ledger_with(*nodes: dict[str, Any], clock: FakeClock | None = None) -> Ledger:
-    ledger = Ledger(clock=clock or FakeClock())
+def ledger_with(
+    *nodes: dict[str, Any], clock: FakeClock | None = None, pending_grace: float = 120.0
+) -> Ledger:
+    ledger = Ledger(clock=clock or FakeClock(), pending_grace=pending_grace)
     ledger.replace_nodes(node_of(n) for n in nodes)
     return ledger
 
@@ -563,7 +565,10 @@ def test_observe_pod_not_bound_has_no_holding() -> None:
 
 def test_replace_pods_relist_semantics() -> None:
     clock = FakeClock(1.0)
-    ledger = ledger_with(make_node("n1", "0.1.2.3.4.5.6.7", i915="8"), clock=clock)
+    # The old bind's grace has run out by the list (1 + 5 <= 8): its Binding cannot land.
+    ledger = ledger_with(
+        make_node("n1", "0.1.2.3.4.5.6.7", i915="8"), clock=clock, pending_grace=5.0
+    )
     pods = {name: make_pod(name) for name in ("reserved", "old", "new", "gone", "kept", "done")}
 
     reserve_pod(ledger, pods["old"], "n1")  # card0
@@ -605,6 +610,82 @@ def test_replace_pods_relist_semantics() -> None:
     }
     one = {I915: 1}
     assert ledger.usage("n1") == {"card2": one, "card4": one, "card5": one, "card6": one}
+
+
+def test_replace_pods_keeps_pending_listed_unbound_within_the_grace() -> None:
+    # A Binding that timed out may still be written after the list was taken: the pod is
+    # listed unbound, yet the cards stay held until the grace has passed.
+    clock = FakeClock(1.0)
+    ledger = ledger_with(make_node("n1", "0", i915="1"), clock=clock, pending_grace=10.0)
+    pod = make_pod("a")
+    reserve_pod(ledger, pod, "n1")
+    ledger.commit("uid-a")
+    ledger.replace_pods([obs(pod)], listed_at=10.9)
+    assert states(ledger) == {"uid-a": State.PENDING}
+    assert isinstance(reserve_pod(ledger, make_pod("b"), "n1"), Rejection)
+    ledger.replace_pods([obs(pod)], listed_at=11.0)
+    assert ledger.holdings() == {}
+    assert ledger.usage("n1") == {}
+
+
+def test_replace_pods_drops_pending_of_pod_gone_before_the_list() -> None:
+    # Not listed though the list began after the commit: the pod was deleted, so its
+    # Binding can never land, however young the entry.
+    clock = FakeClock(1.0)
+    ledger = ledger_with(make_node("n1", "0", i915="1"), clock=clock, pending_grace=100.0)
+    reserve_pod(ledger, make_pod("a"), "n1")
+    ledger.commit("uid-a")
+    ledger.replace_pods([], listed_at=1.5)
+    assert ledger.holdings() == {}
+
+
+def test_stale_pending_and_settle() -> None:
+    clock = FakeClock(1.0)
+    ledger = ledger_with(make_node("n1", "0.1", i915="2"), clock=clock, pending_grace=10.0)
+    for name in ("a", "b", "c"):
+        reserve_pod(ledger, make_pod(name), "n1")
+    ledger.commit("uid-a")
+    ledger.commit("uid-b")
+    ledger.cancel("uid-c")
+    clock.now = 10.9
+    assert ledger.stale_pending() == []
+    clock.now = 11.0
+    stale = {s.uid: s for s in ledger.stale_pending()}
+    assert set(stale) == {"uid-a", "uid-b"}
+    assert (stale["uid-a"].namespace, stale["uid-a"].name, stale["uid-a"].node) == ("ns", "a", "n1")
+    # b is bound meanwhile (the watch took over): settling it must not release anything.
+    ledger.observe(obs(bound_copy(make_pod("b"), "n1", "card1")))
+    assert ledger.settle_pending(stale["uid-b"]) is False
+    assert ledger.settle_pending(stale["uid-a"]) is True
+    assert ledger.settle_pending(stale["uid-a"]) is False
+    assert states(ledger) == {"uid-b": State.BOUND}
+    assert ledger.usage("n1") == {"card1": {I915: 1}}
+
+
+def test_settle_pending_loses_to_a_newer_bind_of_the_same_pod() -> None:
+    clock = FakeClock(1.0)
+    ledger = ledger_with(make_node("n1", "0.1", i915="2"), clock=clock, pending_grace=10.0)
+    pod = make_pod("a")
+    reserve_pod(ledger, pod, "n1")
+    ledger.commit("uid-a")
+    clock.now = 20.0
+    (stale,) = ledger.stale_pending()
+    # kube-scheduler retries the pod before the sweep settles the first attempt.
+    assert not isinstance(reserve_pod(ledger, pod, "n1"), Rejection)
+    assert ledger.settle_pending(stale) is False  # RESERVED now
+    ledger.commit("uid-a")
+    assert ledger.settle_pending(stale) is False  # a newer PENDING entry
+    assert states(ledger) == {"uid-a": State.PENDING}
+    # A refused third attempt restores the second, which is settled on its own grace.
+    reserve_pod(ledger, pod, "n1")
+    ledger.cancel("uid-a")
+    assert ledger.stale_pending() == []
+    clock.now = 30.0
+    (restored,) = ledger.stale_pending()
+    assert restored.since == 20.0
+    assert ledger.settle_pending(stale) is False
+    assert ledger.settle_pending(restored) is True
+    assert ledger.holdings() == {}
 
 
 def test_replace_pods_turns_pending_into_bound_when_listed() -> None:

@@ -157,7 +157,7 @@ def test_scheduler_config_verbs_are_routes_gas_serves(scheduler_config: dict[str
     app = create_app(ledger, DemoCluster(ledger, load_demo_file(None)))
     routes = {rule.rule: rule.methods or set() for rule in app.url_map.iter_rules()}
     (extender,) = scheduler_config["extenders"]
-    for verb in ("filterVerb", "bindVerb"):
+    for verb in ("filterVerb", "prioritizeVerb", "preemptVerb", "bindVerb"):
         path = urlparse(extender["urlPrefix"].rstrip("/") + "/" + extender[verb]).path
         assert "POST" in routes[path], path
 

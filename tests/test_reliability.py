@@ -31,6 +31,22 @@ StartGas = Callable[..., GasProcess]
 I915 = "gpu.intel.com/i915"
 
 
+# Uncertain binds are settled this long after their commit. The workload's late Binding
+# writes land half a second after gas gives up on them (BIND_TIMEOUT's read + 0.5 s), so
+# this is comfortably above them, as the default is above the API server's request timeout,
+# and short enough for the converged check to see every uncertain bind settled.
+PENDING_GRACE = "6s"
+
+
+@pytest.fixture
+def gas(start_gas: StartGas, kubeconfig: str, tls_files: TLSFiles) -> GasProcess:
+    process = start_gas(
+        ["--kubeConfig", kubeconfig, "--pendingGrace", PENDING_GRACE], tls=tls_files
+    )
+    process.wait_ready()
+    return process
+
+
 @pytest.fixture
 def scheduler_for(
     emulators: Callable[..., SchedulerEmulator],

@@ -12,8 +12,11 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import pytest
+
 from gas.allocator import NODE_BLOCKED
 from gas.audit import usage_from_pods
+from gas.kube import pending_verdict
 from gas.model import ANNOTATION_CARDS, ANNOTATION_TS
 from tests.conftest import assert_consistent, ledger_of, wait_for, wait_for_nodes
 from tests.support.apiserver import ApiServerDouble
@@ -552,6 +555,92 @@ def test_retry_after_an_unwritten_500_binding_can_use_its_own_card(
     wait_for(lambda: ledger_of(gas)["pods"][uid]["state"] == "bound", what="retry bound")
     assert ledger_of(gas)["usage"] == {"solo": {"card0": {I915: 1}}}  # held once
     assert_consistent(gas, apiserver)
+
+
+def metric_value(gas: GasProcess, sample: str) -> float:
+    """The value of one exposition line (`name{labels}`), 0 when absent."""
+    text = gas.session.get(gas.url + "/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_uncertain_binds_are_settled_after_the_grace(
+    apiserver: ApiServerDouble, start_gas: StartGas, kubeconfig: str, tls_files: TLSFiles
+) -> None:
+    """Regression (seen in the fault-injecting workload): a bind with an unknown outcome
+    held its cards for good when the pod was deleted before gas bound it, or when
+    kube-scheduler never retried it. Once the grace has passed, gas reads the pod and
+    releases the cards of pods not bound by it; a bind whose Binding landed keeps them."""
+    gas = start_gas(["--kubeConfig", kubeconfig, "--pendingGrace", "2s"], tls=tls_files)
+    gas.wait_ready()
+    for name in ("solo", "duo", "trio", "quad"):
+        apiserver.add_node(gpu_node(name, "0", i915="1", memory_max="8Gi"))
+    wait_for_nodes(gas, "solo", "duo", "trio", "quad")
+
+    # A pod deleted between its filter and its bind: the Binding's answer is lost.
+    ghost = apiserver.add_pod(gpu_pod("ghost"))
+    assert passes(gas, ghost, "solo")
+    apiserver.delete_pod("default", "ghost")
+    apiserver.add_pod(bound_pod("marker", "trio", "card0"))
+    wait_for(
+        lambda: "marker" in {p["name"] for p in ledger_of(gas)["pods"].values()},
+        what="the deletion seen by gas",
+    )
+    apiserver.faults.add("POST", r"/pods/ghost/binding$", ("status", 500))
+    # A pod whose Binding was not written and that nobody schedules again.
+    stranded = apiserver.add_pod(gpu_pod("stranded"))
+    apiserver.faults.add("POST", r"/pods/stranded/binding$", ("status", 500))
+    # A pod whose Binding was written though the answer was a 500: it keeps its card.
+    landed = apiserver.add_pod(gpu_pod("landed"))
+    apiserver.faults.add("POST", r"/pods/landed/binding$", ("after_write_status", 500))
+    started = time.monotonic()
+    assert "outcome unknown" in gas.bind(ghost, "solo")
+    assert "outcome unknown" in gas.bind(stranded, "duo")
+    entries = ledger_of(gas)["pods"]
+    held = {entries[p["metadata"]["uid"]]["state"] for p in (ghost, stranded)}
+    if time.monotonic() - started < 1.5:  # well inside the grace: still held
+        assert held == {"pending"}
+        assert "not enough free" in refusal(gas, gpu_pod("probe"), "solo")
+    other = apiserver.add_pod(gpu_pod("other"))
+    assert "outcome unknown" in gas.bind(landed, "quad")
+
+    wait_for(
+        lambda: {"solo", "duo"}.isdisjoint(ledger_of(gas)["usage"]),
+        timeout=15,
+        what="uncertain binds of pods not bound by gas settled",
+    )
+    assert time.monotonic() - started >= 2.0
+    assert metric_value(gas, 'gas_pending_released_total{verdict="deleted"}') == 1
+    assert metric_value(gas, 'gas_pending_released_total{verdict="not bound"}') == 1
+    assert "released the cards held for default/ghost" in gas.log()
+    assert "later the pod is not bound" in gas.log()
+    assert node_name_of(apiserver, "landed") == "quad"
+    assert ledger_of(gas)["usage"]["quad"] == {"card0": {I915: 1}}
+    assert gas.bind(other, "solo") == ""
+    assert_consistent(gas, apiserver)
+
+
+@pytest.mark.parametrize(
+    ("pod", "verdict"),
+    [
+        (None, "deleted"),
+        (gpu_pod("p"), "not bound"),
+        (gpu_pod("p", node="n1"), "bound by another binder"),
+        (bound_pod("p", "n1", "card0"), None),
+        (bound_pod("p", "n1", "card0", phase="Succeeded"), "finished"),
+        (gpu_pod("p", phase="Failed"), "finished"),
+    ],
+)
+def test_pending_verdict(pod: dict[str, Any] | None, verdict: str | None) -> None:
+    uid = "uid-p"
+    if pod is not None:
+        pod["metadata"]["uid"] = uid
+    assert pending_verdict(pod, uid) == verdict
+    if pod is not None:
+        # A namesake with another UID: the pod gas tried to bind is gone.
+        assert pending_verdict(pod, uid + "-old") == "deleted"
 
 
 # ------------------------------------------------------------------ 7. no double count

@@ -12,7 +12,17 @@ What it copies (see ../shared/reference/extender-protocol.md, sections 0, 1 and 
 - the extender is asked only about pods that name a managed resource;
 - prioritize (when `prioritize_weight` > 0) only with at least 2 feasible nodes; each
   node's total is Score x weight x 10 (its own plugins are taken to score every node the
-  same), the highest total wins, ties are broken at random; a failed call adds nothing.
+  same), the highest total wins, ties are broken at random; a failed call adds nothing;
+- with `preemption` on, DefaultPreemption after a FitError (not after a filter error):
+  candidates are the nodes the extender did not call unresolvable where evicting every
+  lower-priority pod makes the pod fit by node totals; victims are reprieved one by one,
+  most important first (higher priority, then older), as long as it still fits; nodes left
+  without a victim are no candidates. The extender's preempt verb (when `preempt_verb`)
+  gets them in the meta form (cache-capable) or with whole pods; a reply naming a node
+  that does not exist, a pod not on that node, or no pod for a node is an error, which
+  aborts preemption. Then the node with the fewest PDB violations, the lowest highest
+  victim priority, the lowest priority sum and the fewest victims (the first on ties) is
+  nominated and its victims deleted; the pod is scheduled again in a later cycle.
 """
 
 from __future__ import annotations
@@ -42,6 +52,12 @@ class Outcome:
     error: str = ""
     failed_nodes: dict[str, str] = field(default_factory=dict)
     unresolvable_nodes: dict[str, str] = field(default_factory=dict)
+    # Preemption: the candidates kube-scheduler found by node totals (node -> victim
+    # names), what the extender answered (None: not asked), and the nominated node.
+    candidates: dict[str, list[str]] = field(default_factory=dict)
+    preempt_reply: Any = None
+    nominated: str | None = None
+    evicted: list[str] = field(default_factory=list)
 
 
 class ExtenderCallError(Exception):
@@ -61,12 +77,16 @@ class SchedulerEmulator:
         seed: int = 0,
         bind_workers: int = 8,
         prioritize_weight: int = 1,
+        preemption: bool = False,
+        preempt_verb: bool = True,
     ) -> None:
         self.api = api
         self.url = url.rstrip("/")
         self.node_cache_capable = node_cache_capable
         self.timeout = timeout
         self.prioritize_weight = prioritize_weight
+        self.preemption = preemption
+        self.preempt_verb = preempt_verb
         self.random = random.Random(seed)
         self._session = requests.Session()
         self._session.trust_env = False  # kube-scheduler trusts only its configured CA
@@ -112,6 +132,8 @@ class SchedulerEmulator:
                 outcome.error = f"filter: {exc}"
                 return _done(outcome)
         if not feasible:
+            if self.preemption and not outcome.error:
+                self._preempt(pod, outcome)
             outcome.error = outcome.error or "unschedulable"
             return _done(outcome)
         if len(feasible) >= 2 and self.prioritize_weight > 0 and _interested(pod):
@@ -199,6 +221,119 @@ class SchedulerEmulator:
                 self._assumed.pop(uid, None)
         return outcome
 
+    # ------------------------------------------------------------ DefaultPreemption
+
+    def _preempt(self, pod: dict[str, Any], outcome: Outcome) -> None:
+        spec = pod.get("spec") or {}
+        if spec.get("preemptionPolicy") == "Never":
+            return
+        priority = _priority(pod)
+        want = _pod_requests(pod)
+        pods = [
+            p
+            for p in self.api.list_pods()
+            if p.get("spec", {}).get("nodeName")
+            and p.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+        ]
+        with self._lock:
+            assumed = list(self._assumed.values())
+        nodes = {n["metadata"]["name"]: n for n in self.api.list_nodes()}
+        candidates: dict[str, list[dict[str, Any]]] = {}
+        for name, node in nodes.items():
+            if name in outcome.unresolvable_nodes:
+                continue
+            allocatable = {
+                res: parse_quantity(q)
+                for res, q in (node.get("status", {}).get("allocatable") or {}).items()
+                if res.startswith(RESOURCE_PREFIX)
+            }
+            here = [p for p in pods if p["spec"]["nodeName"] == name]
+            stays = [_pod_requests(p) for p in here if _priority(p) >= priority]
+            stays += [requests_ for node_name, requests_ in assumed if node_name == name]
+            lower = sorted(
+                (p for p in here if _priority(p) < priority),
+                key=lambda p: (
+                    -_priority(p),
+                    p["metadata"].get("creationTimestamp") or "",
+                    p["metadata"]["name"],
+                ),
+            )
+            if not _fits(allocatable, stays, want):
+                continue
+            victims = []
+            for other in lower:  # reprieve the most important first
+                if _fits(allocatable, [*stays, _pod_requests(other)], want):
+                    stays.append(_pod_requests(other))
+                else:
+                    victims.append(other)
+            if victims:
+                candidates[name] = victims
+        outcome.candidates = {
+            n: [v["metadata"]["name"] for v in vs] for n, vs in candidates.items()
+        }
+        if not candidates:
+            return
+        if self.preempt_verb and _interested(pod):
+            try:
+                candidates = self._extender_preempt(pod, candidates, nodes, pods, outcome)
+            except (ExtenderCallError, requests.RequestException, ValueError) as exc:
+                outcome.error = f"preempt: {exc}"
+                return
+        if not candidates:
+            return
+        best = min(
+            candidates,
+            key=lambda n: (
+                max(_priority(v) for v in candidates[n]),
+                sum(_priority(v) for v in candidates[n]),
+                len(candidates[n]),
+            ),
+        )
+        outcome.nominated = best
+        for victim in candidates[best]:
+            meta = victim["metadata"]
+            self.api.delete_pod(meta["namespace"], meta["name"])
+            outcome.evicted.append(meta["name"])
+        self.api.patch_pod(
+            pod["metadata"]["namespace"],
+            pod["metadata"]["name"],
+            {"status": {"nominatedNodeName": best}},
+        )
+
+    def _extender_preempt(
+        self,
+        pod: dict[str, Any],
+        candidates: dict[str, list[dict[str, Any]]],
+        nodes: Mapping[str, Any],
+        pods: list[dict[str, Any]],
+        outcome: Outcome,
+    ) -> dict[str, list[dict[str, Any]]]:
+        if self.node_cache_capable:
+            meta = {
+                n: {"Pods": [{"UID": v["metadata"]["uid"]} for v in vs], "NumPDBViolations": 0}
+                for n, vs in candidates.items()
+            }
+            body = {"Pod": pod, "NodeNameToVictims": None, "NodeNameToMetaVictims": meta}
+        else:
+            full = {n: {"Pods": vs, "NumPDBViolations": 0} for n, vs in candidates.items()}
+            body = {"Pod": pod, "NodeNameToVictims": full, "NodeNameToMetaVictims": None}
+        reply = outcome.preempt_reply = self.call("scheduler/preempt", body)
+        answered = (reply or {}).get("NodeNameToMetaVictims") or {}
+        result: dict[str, list[dict[str, Any]]] = {}
+        for name, victims in answered.items():
+            if name not in nodes:
+                raise ExtenderCallError(f"preempt: node {name} not found")
+            listed = (victims or {}).get("Pods") or []
+            if not listed:
+                raise ExtenderCallError(f"expected at least one victim pod on node {name}")
+            on_node = {p["metadata"]["uid"]: p for p in pods if p["spec"]["nodeName"] == name}
+            result[name] = []
+            for item in listed:
+                if item.get("UID") not in on_node:
+                    raise ExtenderCallError(f"preempt: pod {item.get('UID')} not on {name}")
+                result[name].append(on_node[item["UID"]])
+        return result
+
     # ------------------------------------------------------------ NodeResourcesFit
 
     def _fit_nodes(self, pod: dict[str, Any]) -> list[str]:
@@ -248,6 +383,24 @@ def _pod_requests(pod: Mapping[str, Any]) -> dict[str, int]:
             if res.startswith(RESOURCE_PREFIX):
                 total[res] = total.get(res, 0) + parse_quantity(quantity)
     return total
+
+
+def _priority(pod: Mapping[str, Any]) -> int:
+    value = as_mapping(pod.get("spec")).get("priority")
+    return value if isinstance(value, int) else 0
+
+
+def _fits(
+    allocatable: Mapping[str, int], held: list[dict[str, int]], want: Mapping[str, int]
+) -> bool:
+    used: dict[str, int] = {}
+    for requests_ in held:
+        _add(used, requests_)
+    return all(
+        res in allocatable and allocatable[res] - used.get(res, 0) >= amount
+        for res, amount in want.items()
+        if amount > 0
+    )
 
 
 def _add(into: dict[str, int], more: Mapping[str, int]) -> None:

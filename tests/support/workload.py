@@ -86,7 +86,7 @@ class Workload:
         seed: int,
         *,
         faults: FaultMix | None = None,
-        ledger_every: int = 50,
+        ledger_every: int = 1,
         max_pods: int = 70,
         settle_timeout: float = 20.0,
         slow_binds: float = 0.3,
