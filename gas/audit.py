@@ -184,7 +184,9 @@ def _ledger_problems(
                     "but the cluster shows it deleted, terminal or not bound by gas"
                 )
             continue
-        for part in (entry, as_mapping(entry.get("replaced"))):
+        earlier = entry.get("earlier")
+        for part in (entry, *(earlier if isinstance(earlier, list) else [])):
+            part = as_mapping(part)
             if not part:
                 continue
             usage = _entry_usage(pods.get(uid), part)

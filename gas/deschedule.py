@@ -29,11 +29,12 @@ import heapq
 import logging
 import random
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from gas.ledger import TERMINAL_PHASES
 from gas.model import (
@@ -52,7 +53,7 @@ LABEL_VALUE = "gpu"
 _TILE = re.compile(r"^gt(0|[1-9][0-9]{0,5})$")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodFacts:
     """What the decision needs of a pod gas placed, as the watch last showed it."""
 
@@ -80,17 +81,43 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts | None:
         return None
     tiles = annotations.get(ANNOTATION_TILES)
     label = as_mapping(metadata.get("labels")).get(LABEL_DESCHEDULE_POD)
+    # One record per gas pod, tens of thousands of them: node names and namespaces are
+    # interned (the ledger interns them too, so both hold one string each) and the card and
+    # tile sets, which repeat across the pods, are shared.
     return PodFacts(
         uid=uid,
-        namespace=str(metadata.get("namespace") or ""),
+        namespace=sys.intern(str(metadata.get("namespace") or "")),
         name=str(metadata.get("name") or ""),
-        node=node,
-        cards=annotation_cards(cards),
-        tiles=annotation_tiles(tiles) if isinstance(tiles, str) else frozenset(),
+        node=sys.intern(node),
+        cards=_shared(annotation_cards(cards)),
+        tiles=_shared(annotation_tiles(tiles)) if isinstance(tiles, str) else _EMPTY,
         label=label if isinstance(label, str) else None,
         terminal=as_mapping(pod.get("status")).get("phase") in TERMINAL_PHASES,
         deleting=metadata.get("deletionTimestamp") is not None,
     )
+
+
+# Since Python 3.10 every `frozenset()` is a new object: one for all the pods without tiles.
+_EMPTY: frozenset[Any] = frozenset()
+
+_SHARED_MAX = 4096
+_shared_sets: dict[frozenset[Any], frozenset[Any]] = {}
+
+_T = TypeVar("_T")
+
+
+def _shared(found: frozenset[_T]) -> frozenset[_T]:
+    """One object for each distinct (never changed) card or tile set. Pods on the same
+    cards hold equal sets, and a node has few cards, so a few hundred sets serve them all;
+    past the bound (a cluster of unusual card names) a set is simply not shared."""
+    if not found:
+        return _EMPTY
+    kept = _shared_sets.get(found)
+    if kept is not None:
+        return kept
+    if len(_shared_sets) < _SHARED_MAX:
+        _shared_sets[found] = found
+    return found
 
 
 def annotation_cards(value: str) -> frozenset[str]:

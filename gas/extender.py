@@ -354,7 +354,7 @@ def create_app(
             return f"the API server refused the binding: {exc}", ""
         except (BindUncertain, Exception) as exc:
             # The write may have landed: keep the cards held until the cluster says.
-            ledger.commit(uid)
+            ledger.commit(uid, landed=False)
             g.outcome = "uncertain"
             return (
                 f"binding outcome unknown, cards stay held until the cluster shows: {exc}",

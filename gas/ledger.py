@@ -64,7 +64,9 @@ class State(enum.Enum):
     BOUND = "bound"
 
 
-@dataclass(frozen=True)
+# Slots: one of each per pod, tens of thousands of them, and a slotted instance is about
+# half the size of one with a __dict__.
+@dataclass(frozen=True, slots=True)
 class PodHolding:
     """What one pod holds on one node, as derived from its annotation or a bind."""
 
@@ -84,12 +86,15 @@ class PodHolding:
     priority: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     holding: PodHolding
     state: State
     since: float
-    replaced: _Entry | None = None  # the PENDING entry a new reservation took over
+    # Earlier binds of the pod whose outcome is still unknown: any one of them may be the
+    # Binding that landed, so their cards stay counted with this entry's.
+    earlier: tuple[PodHolding, ...] = ()
+    replaced: _Entry | None = None  # the PENDING entry a reservation took over, for cancel
 
 
 @dataclass(frozen=True)
@@ -421,9 +426,8 @@ class Ledger:
             self._derived.clear()
             for entry in keep:
                 self._entries[entry.holding.uid] = entry
-                self._apply(entry.holding, +1)
-                if entry.replaced is not None:
-                    self._apply(entry.replaced.holding, +1)
+                for holding in (entry.holding, *entry.earlier):
+                    self._apply(holding, +1)
             for holding in bound:
                 self._put(holding, State.BOUND, listed_at)
 
@@ -550,24 +554,28 @@ class Ledger:
                 allocation_usage(request, result.cards),
                 tiles=result.tiles,
             )
-            self._entries.pop(uid, None)  # its usage stays applied, owned by `replaced`
-            self._entries[uid] = _Entry(holding, State.RESERVED, now, replaced=entry)
+            # The earlier attempt's usage stays applied, now owned by the new entry.
+            earlier = () if entry is None else (*entry.earlier, entry.holding)
+            self._entries[uid] = _Entry(holding, State.RESERVED, now, earlier, replaced=entry)
             self._apply(holding, +1)
             return result
 
-    def commit(self, uid: str) -> None:
-        """The Binding exists (or may exist): keep the cards until the watch confirms."""
+    def commit(self, uid: str, landed: bool = True) -> None:
+        """The Binding exists (`landed`) or may exist: keep the cards until the watch
+        confirms. Only a Binding known to have landed frees the pod's earlier uncertain
+        attempts (a pod is bound once); after another unknown outcome any of them may be
+        the one that landed, so all stay held until the cluster shows which."""
         now = self._clock()
         with self._lock:
             entry = self._entries.get(uid)
             if entry is not None and entry.state is State.RESERVED:
-                # At most one Binding of a pod can land, and this one may have: the
-                # earlier uncertain attempt it replaced no longer needs holding.
                 entry.state = State.PENDING
                 entry.since = now
-                if entry.replaced is not None:
-                    self._apply(entry.replaced.holding, -1)
-                    entry.replaced = None
+                entry.replaced = None
+                if landed:
+                    for holding in entry.earlier:
+                        self._apply(holding, -1)
+                    entry.earlier = ()
 
     def cancel(self, uid: str) -> None:
         """The Binding was definitively refused: give the cards back."""
@@ -615,9 +623,10 @@ class Ledger:
                 if entry.holding.node in held:
                     held[entry.holding.node].append(entry.holding)
                     states[entry.holding.node].append(entry.state)
-                if entry.replaced is not None and entry.replaced.holding.node in held:
-                    held[entry.replaced.holding.node].append(entry.replaced.holding)
-                    states[entry.replaced.holding.node].append(entry.replaced.state)
+                for earlier in entry.earlier:
+                    if earlier.node in held:
+                        held[earlier.node].append(earlier)
+                        states[earlier.node].append(State.PENDING)
             own = self._own_pending(uid)
         return {
             name: NodeState(
@@ -657,12 +666,12 @@ class Ledger:
                 }
                 if any(e.holding.tiles):
                     pods[uid]["tiles"] = format_tiles(e.holding.tiles)
-                if e.replaced is not None:
-                    # The uncertain earlier bind a reservation took over: still counted.
-                    pods[uid]["replaced"] = {
-                        "node": e.replaced.holding.node,
-                        "cards": [list(c) for c in e.replaced.holding.allocation],
-                    }
+                if e.earlier:
+                    # Earlier binds of the pod with unknown outcomes: still counted.
+                    pods[uid]["earlier"] = [
+                        {"node": h.node, "cards": [list(c) for c in h.allocation]}
+                        for h in e.earlier
+                    ]
             result: dict[str, Any] = {
                 "nodes": {
                     name: {
@@ -764,9 +773,8 @@ class Ledger:
 
     def _drop(self, uid: str) -> None:
         entry = self._entries.pop(uid)
-        self._apply(entry.holding, -1)
-        if entry.replaced is not None:
-            self._apply(entry.replaced.holding, -1)
+        for holding in (entry.holding, *entry.earlier):
+            self._apply(holding, -1)
 
     def _apply(self, holding: PodHolding, sign: int) -> None:
         for answers in self._answers.values():

@@ -357,6 +357,52 @@ def test_refused_reservation_restores_the_pending_attempt_it_replaced() -> None:
     assert ledger.usage("n1") == {}
 
 
+def test_uncertain_retry_keeps_every_attempt_that_may_have_landed() -> None:
+    nodes = [make_node(n, "0", i915="1") for n in ("n1", "n2", "n3")]
+    ledger = ledger_with(*nodes)
+    pod = make_pod("a")
+    one = {"card0": {I915: 1}}
+    reserve_pod(ledger, pod, "n1")
+    ledger.commit("uid-a", landed=False)
+    reserve_pod(ledger, pod, "n2")
+    ledger.commit("uid-a", landed=False)  # either Binding may be the one that landed
+    reserve_pod(ledger, pod, "n3")
+    ledger.cancel("uid-a")  # refused: restores the second attempt, with the first
+    assert states(ledger) == {"uid-a": State.PENDING}
+    assert [ledger.usage(n) for n in ("n1", "n2", "n3")] == [one, one, {}]
+    earlier = ledger.snapshot()["pods"]["uid-a"]["earlier"]
+    assert earlier == [{"node": "n1", "cards": [["card0"]]}]
+    assert isinstance(reserve_pod(ledger, make_pod("b"), "n1"), Rejection)
+    # The watch shows where the pod went: only that attempt stays.
+    ledger.observe(obs(bound_copy(pod, "n1", "card0")))
+    assert [ledger.usage(n) for n in ("n1", "n2", "n3")] == [one, {}, {}]
+
+
+def test_attempts_of_an_uncertain_retry_go_together() -> None:
+    nodes = [make_node(n, "0", i915="1") for n in ("n1", "n2", "n3")]
+    clock = FakeClock(1.0)
+    ledger = ledger_with(*nodes, clock=clock, pending_grace=10.0)
+    pod = make_pod("a")
+    for node in ("n1", "n2"):
+        reserve_pod(ledger, pod, node)
+        ledger.commit("uid-a", landed=False)
+    # A relist within the grace keeps both; the grace then settles both at once.
+    ledger.replace_pods([obs(pod)], listed_at=2.0)
+    assert ledger.usage("n1") and ledger.usage("n2")
+    clock.now = 20.0
+    (stale,) = ledger.stale_pending()
+    assert ledger.settle_pending(stale) is True
+    assert ledger.usage("n1") == {} and ledger.usage("n2") == {}
+    # A retry that is known to have landed frees the uncertain ones before it.
+    for node in ("n1", "n2", "n3"):
+        reserve_pod(ledger, pod, node)
+        ledger.commit("uid-a", landed=node == "n3")
+    assert [ledger.usage(n) for n in ("n1", "n2")] == [{}, {}]
+    assert ledger.usage("n3") == {"card0": {I915: 1}}
+    ledger.forget("uid-a")
+    assert ledger.usage("n3") == {}
+
+
 def test_pod_deleted_during_a_retried_bind_frees_both_attempts() -> None:
     ledger = ledger_with(make_node("n1", "0", i915="1"), make_node("n2", "0", i915="1"))
     pod = make_pod("a")

@@ -23,6 +23,7 @@ from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.objects import container, gpu_node, gpu_pod
 from tests.support.scheduler import SchedulerEmulator
+from tests.support.workload import cut_connections
 
 GI = 1024**3
 I915 = "gpu.intel.com/i915"
@@ -619,6 +620,42 @@ def test_uncertain_binds_are_settled_after_the_grace(
     assert node_name_of(apiserver, "landed") == "quad"
     assert ledger_of(gas)["usage"]["quad"] == {"card0": {I915: 1}}
     assert gas.bind(other, "solo") == ""
+    assert_consistent(gas, apiserver)
+
+
+def test_two_uncertain_binds_of_a_pod_both_stay_held_until_the_cluster_shows(
+    apiserver: ApiServerDouble, gas: GasProcess
+) -> None:
+    """Regression (found by the fault-mix workload as a card given twice): a pod's retry
+    whose outcome was unknown too dropped the hold of its first attempt, though it was the
+    first Binding that had landed; while the watch lagged, the first attempt's card went to
+    another pod. Either attempt may have landed, so both stay held."""
+    apiserver.add_node(gpu_node("a", "0", i915="1", memory_max="8Gi"))
+    apiserver.add_node(gpu_node("b", "0", i915="1", memory_max="8Gi"))
+    wait_for_nodes(gas, "a", "b")
+    pod = apiserver.add_pod(gpu_pod("twice"))
+    other = apiserver.add_pod(gpu_pod("other"))
+    # gas's pod watch stalls (it stays ready): what the binds write is not seen for a while.
+    apiserver.faults.add("GET", f"^{PODS}$", ("delay", 8.0))
+    cut_connections(apiserver)
+    apiserver.faults.add("POST", r"/pods/twice/binding$", ("after_write_status", 500))
+    assert "outcome unknown" in gas.bind(pod, "a")  # written, answered 500
+    apiserver.faults.add("POST", r"/pods/twice/binding$", ("status", 503))
+    assert "outcome unknown" in gas.bind(pod, "b")  # not written, answered 503
+    assert node_name_of(apiserver, "twice") == "a"
+    entry = ledger_of(gas)["pods"][uid_of(apiserver, "twice")]
+    assert entry["state"] == "pending"
+    assert {"a", "b"} <= set(ledger_of(gas)["usage"])
+    assert "not enough free" in gas.bind(other, "a")
+    assert node_name_of(apiserver, "other") is None
+    # Once the watch shows where the pod went, only that card stays held.
+    wait_for(
+        lambda: ledger_of(gas)["pods"][uid_of(apiserver, "twice")]["state"] == "bound",
+        timeout=20,
+        what="the landed binding seen",
+    )
+    assert ledger_of(gas)["usage"] == {"a": {"card0": {I915: 1}}}
+    assert gas.bind(other, "b") == ""
     assert_consistent(gas, apiserver)
 
 

@@ -109,6 +109,7 @@ class Workload:
         self._in_flight: dict[str, Future[Outcome]] = {}  # "ns/name" -> bind
         self._attempts: Counter[str] = Counter()
         self._late_write_next = False
+        self._in_outage = False
         # Until then a Binding may land after its bind call ended: no node is shrunk or
         # deleted (a pod bound to a gone node is for the pod garbage collector, not gas).
         self._late_until = 0.0
@@ -325,9 +326,15 @@ class Workload:
             self.stats.faults["watch_drop"] += 1
             faults.add("GET", LISTS, ("drop_watch", None), times=self.random.choice((1, 2)))
             cut_connections(self.api)
-        if roll() < mix.outage:
+        # Not while one is on: the inner one would wait for gas to be ready again while
+        # the outer outage still keeps the API server down.
+        if roll() < mix.outage and not self._in_outage:
             self.stats.faults["outage"] += 1
-            self._outage()
+            self._in_outage = True
+            try:
+                self._outage()
+            finally:
+                self._in_outage = False
 
     def _outage(self) -> None:
         """The API server down for a while (every request 503, connections cut): gas turns
@@ -378,11 +385,26 @@ class Workload:
 
     def check_cluster(self) -> None:
         self.stats.cluster_checks += 1
-        problems = check_invariants(
-            self.api.list_nodes(), self.api.list_pods(), require_annotations=True
-        )
+        nodes = self.api.list_nodes()
+        pods = self._collect_orphans(nodes)
+        problems = check_invariants(nodes, pods, require_annotations=True)
         if problems:
             self._fail(problems)
+
+    def _collect_orphans(self, nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Delete the pods bound to nodes that no longer exist, as Kubernetes' pod garbage
+        collector does, and return the other pods. A bind whose node was deleted while
+        gas's watch lagged behind (as kube-scheduler's cache can) lands on no GPU."""
+        names = {n["metadata"]["name"] for n in nodes}
+        kept = []
+        for pod in self.api.list_pods():
+            node = pod["spec"].get("nodeName")
+            if node and node not in names:
+                self._delete(pod)
+                self.stats.ops["orphan_collected"] += 1
+            else:
+                kept.append(pod)
+        return kept
 
     def check_ledger(self, converged: bool = False) -> None:
         """The ledger against the cluster, retried until the watch has caught up; with
@@ -391,7 +413,8 @@ class Workload:
         self._refill_faults()
         deadline = time.monotonic() + self.settle_timeout
         while True:
-            nodes, pods = self.api.list_nodes(), self.api.list_pods()
+            nodes = self.api.list_nodes()
+            pods = self._collect_orphans(nodes)
             ledger = self.ledger()
             problems = check_invariants(nodes, pods, ledger, require_annotations=True)
             if converged:
