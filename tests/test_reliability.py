@@ -114,14 +114,14 @@ def test_randomised_workload_with_api_server_faults(
     ledger converges with no reservation leaked and nothing given twice."""
     seed = 7
     faults = FaultMix(
-        bind_timeout_after_write=0.01,
-        bind_write_after_timeout=0.01,
-        slow_list_watch=0.015,
-        watch_drop=0.02,
-        outage=0.008,
+        bind_timeout_after_write=0.004,
+        bind_write_after_timeout=0.004,
+        slow_list_watch=0.01,
+        watch_drop=0.015,
+        outage=0.006,
     )
     workload = run_workload(
-        apiserver, gas, scheduler_for(gas, seed), seed, 700, faults, name="faults"
+        apiserver, gas, scheduler_for(gas, seed), seed, 800, faults, name="faults"
     )
     stats = workload.stats
     assert stats.violations == 0
