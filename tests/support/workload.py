@@ -88,7 +88,7 @@ class Workload:
         faults: FaultMix | None = None,
         ledger_every: int = 1,
         max_pods: int = 70,
-        settle_timeout: float = 20.0,
+        settle_timeout: float = 30.0,
         slow_binds: float = 0.3,
     ) -> None:
         self.api = api
