@@ -28,7 +28,6 @@ import os
 import platform
 import random
 import signal
-import socket
 import ssl
 import statistics
 import subprocess
@@ -52,6 +51,7 @@ from benchmarks.workload import (
     pick_shape,
     pod_object,
 )
+from tests.support.gasproc import GasProcess, TLSFiles, child_pids, make_tls_files
 
 BIND_CONCURRENCY = 4
 """Binds in flight at once, as kube-scheduler's binding goroutines."""
@@ -91,39 +91,10 @@ class Latencies:
 # ---------------------------------------------------------------- HTTPS client
 
 
-@dataclass(frozen=True)
-class TlsFiles:
-    ca: str
-    server_cert: str
-    server_key: str
-    client_cert: str
-    client_key: str
-
-
-def make_tls(directory: Path) -> TlsFiles:
-    """A throwaway CA, a server certificate for 127.0.0.1 and a client certificate."""
-    from gas import tls
-
-    ca_cert, ca_key = tls.new_ca("gas-bench-ca")
-    server_cert, server_key = tls.issue_certificate(
-        ca_cert, ca_key, "gas-bench", ["localhost"], ["127.0.0.1"], server=True, client=False
-    )
-    client_cert, client_key = tls.issue_certificate(
-        ca_cert, ca_key, "kube-scheduler", server=False, client=True
-    )
-    files = TlsFiles(*(str(directory / n) for n in ("ca.crt", "s.crt", "s.key", "c.crt", "c.key")))
-    tls.write_pem(files.ca, ca_cert)
-    tls.write_pem(files.server_cert, server_cert)
-    tls.write_pem(files.server_key, server_key, private=True)
-    tls.write_pem(files.client_cert, client_cert)
-    tls.write_pem(files.client_key, client_key, private=True)
-    return files
-
-
 class Client:
     """One kept-alive HTTPS connection with a client certificate (not thread-safe)."""
 
-    def __init__(self, port: int, tls: TlsFiles) -> None:
+    def __init__(self, port: int, tls: TLSFiles) -> None:
         context = ssl.create_default_context(cafile=tls.ca)
         context.load_cert_chain(tls.client_cert, tls.client_key)
         self._connection = http.client.HTTPSConnection(
@@ -152,13 +123,6 @@ class Client:
 # ---------------------------------------------------------------- gas serve
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _proc_status(pid: int) -> dict[str, str]:
     try:
         text = Path(f"/proc/{pid}/status").read_text()
@@ -171,27 +135,18 @@ def _kib(value: str) -> int:
     return int(value.split()[0]) if value else 0
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            found += [int(p) for p in task.read_text().split()]
-        except OSError:
-            continue
-    return found
-
-
 @dataclass
 class GasServer:
-    process: subprocess.Popen[bytes]
-    port: int
-    tls: TlsFiles
-    log_path: Path
-    startup_seconds: float = 0.0
+    gas: GasProcess
+    startup_seconds: float
+
+    @property
+    def port(self) -> int:
+        return self.gas.port
 
     def worker_memory_mib(self) -> tuple[float, float]:
         """(current, peak) resident memory of the gunicorn worker, MiB."""
-        for child in _children(self.process.pid):
+        for child in child_pids(self.gas.process.pid):
             status = _proc_status(child)
             if status:
                 return _kib(status.get("VmRSS", "")) / 1024, _kib(status.get("VmHWM", "")) / 1024
@@ -202,7 +157,7 @@ class GasServer:
 def gas_server(
     cluster: Cluster | None,
     directory: Path,
-    tls: TlsFiles,
+    tls: TLSFiles,
     threads: int = 8,
     kubeconfig: str | None = None,
 ) -> Iterator[GasServer]:
@@ -213,67 +168,13 @@ def gas_server(
         source = ["--demo", "--demoFile", str(demo_file)]
     else:
         source = ["--kubeConfig", str(kubeconfig)]
-    port = _free_port()
-    log_path = directory / "gas.log"
-    command = [
-        sys.executable,
-        "-m",
-        "gas.cli",
-        "serve",
-        *source,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--cert",
-        tls.server_cert,
-        "--key",
-        tls.server_key,
-        "--cacert",
-        tls.ca,
-        "--threads",
-        str(threads),
-    ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("KUBECONFIG", None)
     started = time.perf_counter()
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    server = GasServer(process, port, tls, log_path)
+    gas = GasProcess([*source, "--threads", str(threads)], directory / "gas.log", tls)
     try:
-        _wait_ready(server)
-        server.startup_seconds = time.perf_counter() - started
-        yield server
+        gas.wait_ready(timeout=300)
+        yield GasServer(gas, time.perf_counter() - started)
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
-
-
-def _wait_ready(server: GasServer, timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    last = ""
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"gas exited:\n{server.log_path.read_text()[-4000:]}")
-        client = Client(server.port, server.tls)
-        try:
-            status, body = client.request("GET", "/readyz")
-            if status == 200:
-                return
-            last = body.decode(errors="replace")
-        except (OSError, http.client.HTTPException) as exc:
-            last = str(exc)
-        finally:
-            client.close()
-        time.sleep(0.1)
-    raise TimeoutError(f"gas never became ready ({last})")
+        gas.stop(signal.SIGTERM)
 
 
 # ---------------------------------------------------------------- one scenario
@@ -301,7 +202,7 @@ class ScenarioResult:
 _bind_client: Client | None = None
 
 
-def _bind_worker_start(port: int, tls: TlsFiles) -> None:
+def _bind_worker_start(port: int, tls: TLSFiles) -> None:
     global _bind_client
     _bind_client = Client(port, tls)
     # Connected (TLS handshake done) before the first timed bind, as kube-scheduler's
@@ -323,7 +224,7 @@ class _Binder:
     interpreter lock with its filter calls, and client threads here would (a filter's
     reply could wait on a bind thread's Python work and be measured slower)."""
 
-    def __init__(self, port: int, tls: TlsFiles, concurrency: int) -> None:
+    def __init__(self, port: int, tls: TLSFiles, concurrency: int) -> None:
         self._pool = ProcessPoolExecutor(
             concurrency,
             mp_context=multiprocessing.get_context("spawn"),
@@ -376,7 +277,7 @@ def run_scenario(
     occupancy: float,
     rounds: int,
     directory: Path,
-    tls: TlsFiles,
+    tls: TLSFiles,
     *,
     seed: int = 1,
     burst: int = 200,
@@ -502,7 +403,7 @@ def _cards(node: dict[str, Any]) -> list[str]:
 
 
 def production_memory(
-    nodes: int, pods: int, directory: Path, tls: TlsFiles, seed: int = 1
+    nodes: int, pods: int, directory: Path, tls: TLSFiles, seed: int = 1
 ) -> dict[str, float]:
     """gas as deployed: list+watch from an API server (the test suite's double, in this
     process), so the worker holds only what gas itself keeps of the pods. Its resident
@@ -606,7 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.skip_http:
         results = []
         with tempfile.TemporaryDirectory(prefix="gas-bench-") as tmp:
-            tls = make_tls(Path(tmp))
+            tls = make_tls_files(Path(tmp))
             for nodes in sizes:
                 for occupancy in occupancies:
                     directory = Path(tmp) / f"{nodes}-{occupancy}"
@@ -644,7 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
         with tempfile.TemporaryDirectory(prefix="gas-bench-") as tmp:
             memory = production_memory(
-                rebuild_nodes, rebuild_pods, Path(tmp), make_tls(Path(tmp)), args.seed
+                rebuild_nodes, rebuild_pods, Path(tmp), make_tls_files(Path(tmp)), args.seed
             )
         report["production_memory"] = memory
         print(

@@ -10,8 +10,8 @@ search tries the other card choices, so a node is only dropped when no set of ca
 Most pods have one container asking for cards and use plain first fit: they take a
 shortcut (`_first_fit`) that finds the same cards, or the same reason, without setting up
 the general search, and with a node `Summary` most pods that do not fit are refused without
-looking at each card. `place_by_search` is the search alone, which the shortcut is tested
-against.
+looking at each card. `place(..., shortcut=False)` is the search alone, which the
+shortcut is tested against.
 
 A rejection says whether waiting can help: `unresolvable` means the pod would not fit on
 this node even with every card idle, so preemption is pointless there.
@@ -158,6 +158,7 @@ def place(
     tiles_used: TileUsage | None = None,
     policy: Policy | None = None,
     summary: Summary | None = None,
+    shortcut: bool = True,
 ) -> Placement | Rejection:
     """Cards and tiles per container for `request` on `node`, or the reason it does not fit.
 
@@ -166,43 +167,9 @@ def place(
     `tiles_used` names the tile indices other pods hold on each card. `summary`, when
     given, is `summarize(node, usage, blocked)`: callers fitting many pods to one state of
     a node compute it once, and most pods that do not fit are then refused without
-    looking at each card.
+    looking at each card. `shortcut=False` runs the general search alone: the reference
+    the first-fit shortcut is tested against (same answers, same reasons).
     """
-    return _place(
-        node, usage, request, blocked, node_blocked, order, tiles_used, policy, True, summary
-    )
-
-
-def place_by_search(
-    node: NodeGpu,
-    usage: Usage,
-    request: PodRequest,
-    *,
-    blocked: frozenset[str] = frozenset(),
-    node_blocked: bool = False,
-    order: Sequence[str] | None = None,
-    tiles_used: TileUsage | None = None,
-    policy: Policy | None = None,
-) -> Placement | Rejection:
-    """`place` through the general search alone, without the first-fit shortcut: the
-    reference the shortcut is tested against (same answers, same reasons)."""
-    return _place(
-        node, usage, request, blocked, node_blocked, order, tiles_used, policy, False, None
-    )
-
-
-def _place(
-    node: NodeGpu,
-    usage: Usage,
-    request: PodRequest,
-    blocked: frozenset[str],
-    node_blocked: bool,
-    order: Sequence[str] | None,
-    tiles_used: TileUsage | None,
-    policy: Policy | None,
-    shortcut: bool,
-    summary: Summary | None,
-) -> Placement | Rejection:
     policy = policy or Policy()
     if node.problem is not None:
         return Rejection(node.problem, unresolvable=True)

@@ -138,16 +138,11 @@ def create_app(
 
     @app.post("/scheduler/filter")
     def filter_route() -> Response:
-        args = _decode_object()
-        pod = args.get("pod")
-        if not isinstance(pod, dict):
-            raise BadRequest("ExtenderArgs.Pod must be a Pod object")
+        args, pod = _decode_pod_args("ExtenderArgs")
         names, node_objects = _candidate_nodes(args)
         if not cluster.synced():
             return _not_synced(_filter_reply([], {}, {}, node_objects, "gas is not synced"))
-        metadata = as_mapping(pod.get("metadata"))
-        uid = metadata.get("uid")
-        uid = uid if isinstance(uid, str) and uid else None
+        uid = _pod_uid(pod)
         answers: list[Allocation | Rejection]
         try:
             pod_ask = pod_request(pod)
@@ -188,10 +183,7 @@ def create_app(
     def prioritize_route() -> Response:
         """HostPriorityList for the nodes given: `gas.scoring` explains the scores. Nodes
         the pod does not fit on, and pods that cannot be read, get 0. Reserves nothing."""
-        args = _decode_object()
-        pod = args.get("pod")
-        if not isinstance(pod, dict):
-            raise BadRequest("ExtenderArgs.Pod must be a Pod object")
+        args, pod = _decode_pod_args("ExtenderArgs")
         names, node_objects = _candidate_nodes(args)
         if not cluster.synced():
             return _not_synced({"Error": "gas is not synced with the cluster yet"})
@@ -202,12 +194,11 @@ def create_app(
         except SpecError:
             pod_ask = None
         if pod_ask is not None:
-            uid = as_mapping(pod.get("metadata")).get("uid")
             given: dict[str, NodeGpu] = {}
             if node_objects is not None:
                 given = {n.name: n for n in map(node_from_object, node_objects)}
             candidates: list[NodeGpu | str] = list(given.values()) if given else list(names)
-            results = ledger.check(pod_ask, candidates, uid if isinstance(uid, str) else None)
+            results = ledger.check(pod_ask, candidates, _pod_uid(pod))
             # First fit scores 0 everywhere: no need to copy each node's usage for it.
             scored = options.policy.placement_for(pod_ask) != FIRST_FIT
             for name in names:
@@ -230,21 +221,17 @@ def create_app(
         in either form: `gas.preemption` explains which victims are kept, which are added
         and which nodes are dropped. A pod whose GPU asks cannot be read fits nowhere.
         Reserves nothing."""
-        args = _decode_object()
-        pod = args.get("pod")
-        if not isinstance(pod, dict):
-            raise BadRequest("ExtenderPreemptionArgs.Pod must be a Pod object")
+        args, pod = _decode_pod_args("ExtenderPreemptionArgs")
         proposals, violations = _preemption_candidates(args)
         if not cluster.synced():
             return _not_synced({"Error": "gas is not synced with the cluster yet"})
-        uid = as_mapping(pod.get("metadata")).get("uid")
         results: dict[str, preemption.Selection | Rejection]
         try:
             pod_ask = pod_request(pod)
         except SpecError as exc:
             results = {name: Rejection(str(exc), unresolvable=True) for name in proposals}
         else:
-            states = ledger.node_states(proposals, uid if isinstance(uid, str) else None)
+            states = ledger.node_states(proposals, _pod_uid(pod))
             results = preemption.select_all(
                 pod_ask, proposals, states, options.policy, priority=_priority(pod)
             )
@@ -433,6 +420,20 @@ def _read_body() -> bytes:
     if len(data) > limit:
         raise RequestEntityTooLarge()
     return bytes(data)
+
+
+def _decode_pod_args(what: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The request body and its `Pod` object (400 when it is not one)."""
+    args = _decode_object()
+    pod = args.get("pod")
+    if not isinstance(pod, dict):
+        raise BadRequest(f"{what}.Pod must be a Pod object")
+    return args, pod
+
+
+def _pod_uid(pod: Mapping[str, Any]) -> str | None:
+    uid = as_mapping(pod.get("metadata")).get("uid")
+    return uid if isinstance(uid, str) and uid else None
 
 
 def _decode_object() -> dict[str, Any]:

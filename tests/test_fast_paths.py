@@ -1,7 +1,7 @@
 """The fast paths answer exactly as the slow ones: same cards, same reasons.
 
 - `place` takes a first-fit shortcut for pods with one card-asking container; it must
-  agree with `place_by_search`, the general search, on every node, usage and request.
+  agree with the general search (`shortcut=False`) on every node, usage and request.
 - The ledger keeps `place`'s answers per node and pod shape until the node or its book
   changes; through any sequence of changes, `Ledger.check` must agree with the general
   search run on the ledger's current state.
@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import collections
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gas.allocator import Placement, Policy, Rejection, place, place_by_search, summarize
+from gas.allocator import Placement, Policy, Rejection, place, summarize
 from gas.ledger import Ledger, PodHolding, PodObservation, observe_pod
 from gas.model import (
     ANNOTATION_ALLOW,
@@ -42,6 +42,13 @@ RESOURCES = (I915, MEMORY, MILLICORES, TILES)
 SHORT = {I915: "i915", MEMORY: "memory.max", MILLICORES: "millicores", TILES: "tiles"}
 
 EXAMPLES = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def search_alone(
+    node: NodeGpu, usage: Mapping[str, Mapping[str, int]], request: PodRequest, **options: Any
+) -> Placement | Rejection:
+    """The general search without the first-fit shortcut: the reference."""
+    return place(node, usage, request, shortcut=False, **options)
 
 
 # ---------------------------------------------------------------- strategies
@@ -172,7 +179,7 @@ def test_shortcut_places_as_the_search(data: st.DataObject) -> None:
     }
     if data.draw(st.booleans()):
         kwargs["order"] = data.draw(st.permutations([*node.cards, "card99"]))
-    expected = place_by_search(node, usage, request, **kwargs)
+    expected = search_alone(node, usage, request, **kwargs)
     assert place(node, usage, request, **kwargs) == expected
     summary = summarize(node, usage, kwargs["blocked"])
     assert place(node, usage, request, summary=summary, **kwargs) == expected
@@ -193,7 +200,7 @@ def test_shortcut_on_plain_pods(data: st.DataObject) -> None:
     blocked = frozenset(data.draw(st.sets(st.sampled_from(node.cards), max_size=2)))
     policy = Policy(allowlist=data.draw(st.booleans()))
     fast = place(node, usage, request, blocked=blocked, policy=policy)
-    assert fast == place_by_search(node, usage, request, blocked=blocked, policy=policy)
+    assert fast == search_alone(node, usage, request, blocked=blocked, policy=policy)
     summary = summarize(node, usage, blocked)
     assert place(node, usage, request, blocked=blocked, policy=policy, summary=summary) == fast
 
@@ -245,7 +252,7 @@ def test_shortcut_over_many_busy_nodes() -> None:
         blocked = frozenset(c for c in cards if rng.random() < 0.05)
         policy = Policy(denylist=rng.random() < 0.5)
         fast = place(node, usage, request, blocked=blocked, policy=policy)
-        assert fast == place_by_search(node, usage, request, blocked=blocked, policy=policy)
+        assert fast == search_alone(node, usage, request, blocked=blocked, policy=policy)
         summary = summarize(node, usage, blocked)
         with_summary = place(node, usage, request, blocked=blocked, policy=policy, summary=summary)
         assert with_summary == fast
@@ -265,7 +272,7 @@ def test_shortcut_reason_names_the_scarcest_resource() -> None:
     assert result == Rejection(
         "gpu: not enough free gpu.intel.com/memory.max on the node's cards", False
     )
-    assert result == place_by_search(node, usage, request, blocked=frozenset({"card2"}))
+    assert result == search_alone(node, usage, request, blocked=frozenset({"card2"}))
 
 
 # ---------------------------------------------------------------- the ledger's answers
@@ -275,7 +282,7 @@ NODE_NAMES = ("n0", "n1", "n2")
 
 def holding_on(node: NodeGpu, request: PodRequest, uid: str) -> PodHolding | None:
     """A holding as a relist would show it: the pod placed on the idle node."""
-    result = place_by_search(node, {}, request)
+    result = search_alone(node, {}, request)
     if isinstance(result, Rejection) or not any(result.cards):
         return None
     usage = allocation_usage(request, result.cards)
@@ -291,14 +298,14 @@ def reference(ledger: Ledger, request: PodRequest, name: str, uid: str | None) -
     own = ledger._own_pending(uid)
     mine = own if own is not None and own.node == name else None
     if book is None:
-        result = place_by_search(node, {}, request, policy=ledger._policy)
+        result = search_alone(node, {}, request, policy=ledger._policy)
     else:
         usage: dict[str, dict[str, int]] = {c: dict(r) for c, r in book.usage.items()}
         if mine is not None:
             for card, resources in mine.usage.items():
                 for res, amount in resources.items():
                     usage.setdefault(card, {})[res] = usage.get(card, {}).get(res, 0) - amount
-        result = place_by_search(
+        result = search_alone(
             node,
             usage,
             request,

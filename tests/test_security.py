@@ -11,7 +11,6 @@ import os
 import shutil
 import socket
 import ssl
-import threading
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,14 +24,18 @@ from cryptography.hazmat.primitives import serialization
 from gas import tls
 from tests.conftest import wait_for
 from tests.support.apiserver import ApiServerDouble
-from tests.support.gasproc import GasProcess, TLSFiles
+from tests.support.gasproc import GasProcess, TLSFiles, child_pids, make_tls_files
 from tests.support.objects import gpu_node, gpu_pod
+from tests.support.tlsprobe import local_handshake, permissive_server_context
 
 TOKEN = "gas-secret-token-3f9c1e7a0b5d4c2e8f61"
 
 # TLS 1.2 suites outside gas's policy (ECDHE key exchange + AEAD only), with what is wrong
 # with each. OpenSSL 3 no longer builds RC4, 3DES or export suites into its default
 # provider; they stay listed so that an OpenSSL that still offers them is tested too.
+# What the permissive control server accepts: every suite, NULL ones included.
+PERMISSIVE = "ALL:eNULL:@SECLEVEL=0"
+
 WEAK_TLS12_SUITES = {
     "RC4-SHA": "RC4",
     "DES-CBC3-SHA": "3DES",
@@ -56,33 +59,6 @@ def _client_pair(
     tls.write_pem(cert_path, cert)
     tls.write_pem(key_path, key, private=True)
     return cert_path, key_path
-
-
-def _write_pki(directory: Path, key_type: tls.KeyType = "ec") -> TLSFiles:
-    """A CA, a server certificate for localhost/127.0.0.1 and a client certificate."""
-    ca_cert, ca_key = tls.new_ca("gas-security-ca", key_type=key_type)
-    server_cert, server_key = tls.issue_certificate(
-        ca_cert,
-        ca_key,
-        "gas",
-        ["localhost"],
-        ["127.0.0.1"],
-        server=True,
-        client=False,
-        key_type=key_type,
-    )
-    files = TLSFiles(
-        ca=str(directory / "ca.crt"),
-        server_cert=str(directory / "server.crt"),
-        server_key=str(directory / "server.key"),
-        client_cert=str(directory / "client.crt"),
-        client_key=str(directory / "client.key"),
-    )
-    tls.write_pem(files.ca, ca_cert)
-    tls.write_pem(files.server_cert, server_cert)
-    tls.write_pem(files.server_key, server_key, private=True)
-    _client_pair(directory, "client", ca_cert, ca_key, key_type=key_type)
-    return files
 
 
 def _client_context(
@@ -114,51 +90,6 @@ def _client_context(
     return ctx
 
 
-def _permissive_server_context(files: TLSFiles) -> ssl.SSLContext:
-    """gas's certificate behind a server that accepts whatever the local OpenSSL can do:
-    the control showing that a refusal by gas is its policy, not a client that cannot
-    talk at all."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        ctx.minimum_version = ssl.TLSVersion.MINIMUM_SUPPORTED
-    ctx.set_ciphers("ALL:eNULL:@SECLEVEL=0")
-    ctx.load_cert_chain(files.server_cert, files.server_key)
-    return ctx
-
-
-def _local_handshake(
-    server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext
-) -> tuple[str | None, str | None]:
-    """(version, cipher) of a handshake between two in-process contexts; raises if none."""
-    server_end, client_end = socket.socketpair()
-    server_end.settimeout(5)
-    client_end.settimeout(5)
-    errors: list[BaseException] = []
-
-    def serve_one() -> None:
-        try:
-            with server_ctx.wrap_socket(server_end, server_side=True) as conn:
-                conn.recv(1)
-        except OSError as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=serve_one, daemon=True)
-    thread.start()
-    try:
-        with client_ctx.wrap_socket(client_end, server_hostname="localhost") as conn:
-            cipher = conn.cipher()
-            result = (conn.version(), cipher[0] if cipher else None)
-            conn.sendall(b"x")
-    finally:
-        thread.join(5)
-        server_end.close()
-        client_end.close()
-    if errors:
-        raise errors[0]
-    return result
-
-
 def _handshake_refused(port: int, ctx: ssl.SSLContext) -> bool:
     """Whether gas refuses a TLS handshake from ``ctx`` (the handshake itself fails). For
     TLS 1.2 and older clients, whose handshake cannot end before the server's does."""
@@ -184,7 +115,7 @@ def rsa_gas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GasProcess]:
     exchange can use (RSA key transport included), so a refusal is always the cipher
     policy and never a certificate that does not fit the suite."""
     directory = tmp_path_factory.mktemp("rsa-gas")
-    process = GasProcess(["--demo"], directory / "gas.log", _write_pki(directory, "rsa"))
+    process = GasProcess(["--demo"], directory / "gas.log", make_tls_files(directory, "rsa"))
     try:
         process.wait_ready()
         yield process
@@ -260,7 +191,8 @@ def test_gas_serve_refuses_tls_below_1_2(rsa_gas: GasProcess, version: str) -> N
             maximum=tls_version,
             ciphers="ALL:@SECLEVEL=0",
         )
-        negotiated, _ = _local_handshake(_permissive_server_context(files), ctx)
+        control = permissive_server_context(files.server_cert, files.server_key, PERMISSIVE)
+        negotiated, _ = local_handshake(control, ctx)
     except (ssl.SSLError, ValueError, OSError) as exc:
         pytest.skip(f"local {ssl.OPENSSL_VERSION} cannot do a {version} handshake: {exc!r}")
     assert negotiated == version.replace("_", ".")
@@ -273,7 +205,7 @@ def test_gas_serve_refuses_tls_below_1_2(rsa_gas: GasProcess, version: str) -> N
 
 def test_gas_serve_refuses_weak_tls12_cipher_suites(rsa_gas: GasProcess) -> None:
     files = _tls_files(rsa_gas)
-    control_server = _permissive_server_context(files)
+    control_server = permissive_server_context(files.server_cert, files.server_key, PERMISSIVE)
     offered: dict[str, ssl.SSLContext] = {}
     unavailable: dict[str, str] = {}
     for suite in WEAK_TLS12_SUITES:
@@ -284,7 +216,7 @@ def test_gas_serve_refuses_weak_tls12_cipher_suites(rsa_gas: GasProcess) -> None
                 maximum=ssl.TLSVersion.TLSv1_2,
                 ciphers=f"{suite}:@SECLEVEL=0",
             )
-            negotiated = _local_handshake(control_server, ctx)
+            negotiated = local_handshake(control_server, ctx)
         except (ssl.SSLError, OSError) as exc:
             unavailable[suite] = repr(exc)
             continue
@@ -398,21 +330,6 @@ def _served_certificate(port: int, ctx: ssl.SSLContext) -> x509.Certificate:
     return x509.load_der_x509_certificate(der)
 
 
-def _children(pid: int) -> list[int]:
-    children = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
-        except OSError:
-            continue
-        if int(ppid) == pid and state != "Z":
-            children.append(int(entry))
-    return sorted(children)
-
-
 class _KeepAlive:
     """One HTTP/1.1 connection kept open across rotations, as kube-scheduler keeps its own."""
 
@@ -466,7 +383,7 @@ def test_gas_serve_reloads_its_rotated_certificate_without_a_restart(
     gas = start_gas(["--demo"], tls=files)
     gas.wait_ready()
     master = gas.process.pid
-    workers = _children(master)
+    workers = sorted(child_pids(master))
     assert len(workers) == 1, workers
     ctx = _client_context(files)
 
@@ -525,7 +442,7 @@ def test_gas_serve_reloads_its_rotated_certificate_without_a_restart(
     finally:
         kept.close()
     assert gas.process.poll() is None
-    assert _children(master) == workers  # neither restarted nor replaced
+    assert sorted(child_pids(master)) == workers  # neither restarted nor replaced
     assert gas.log().count("Booting worker") == 1
 
 

@@ -35,6 +35,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 import gas.server
 from gas import tls
 from gas.server import build_options, serve
+from tests.support.gasproc import child_pids
+from tests.support.tlsprobe import local_handshake, permissive_server_context
 
 REPO = Path(__file__).resolve().parent.parent
 READY_TIMEOUT = 20.0
@@ -67,6 +69,10 @@ HAS_IPV6 = _ipv6_loopback()
 class Pair:
     cert: str
     key: str
+
+
+def permissive(pair: Pair) -> ssl.SSLContext:
+    return permissive_server_context(pair.cert, pair.key)
 
 
 @dataclass(frozen=True)
@@ -400,69 +406,12 @@ def attempt(port: int, ctx: ssl.SSLContext, host: str = "127.0.0.1") -> Attempt:
         raw.close()
 
 
-def local_handshake(
-    server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext
-) -> tuple[str | None, str | None]:
-    """A handshake between two in-process contexts over a socket pair; (version, cipher)."""
-    a, b = socket.socketpair()
-    a.settimeout(5)
-    b.settimeout(5)
-    errors: list[BaseException] = []
-
-    def server_side() -> None:
-        try:
-            with server_ctx.wrap_socket(a, server_side=True) as s:
-                s.recv(1)
-        except (ssl.SSLError, OSError) as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=server_side)
-    thread.start()
-    try:
-        with client_ctx.wrap_socket(b, server_hostname="localhost") as c:
-            result = (c.version(), (c.cipher() or ("",))[0])
-            c.sendall(b"x")
-    finally:
-        thread.join(5)
-        a.close()
-        b.close()
-    if errors:
-        raise errors[0]
-    return result
-
-
-def permissive_server_context(pair: Pair) -> ssl.SSLContext:
-    """Accepts anything the local OpenSSL can do: the control for 'refused by policy'."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        ctx.minimum_version = ssl.TLSVersion.MINIMUM_SUPPORTED
-    ctx.set_ciphers("ALL:@SECLEVEL=0")
-    ctx.load_cert_chain(pair.cert, pair.key)
-    return ctx
-
-
 def worker_threads(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("Threads:"):
                 return int(line.split()[1])
     raise AssertionError("no Threads: line")
-
-
-def child_pids(pid: int) -> list[int]:
-    children = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            children.append(int(entry))
-    return children
 
 
 # ----------------------------------------------------------------------------------------
@@ -714,7 +663,7 @@ def test_old_tls_versions_are_refused(https_server: Server, pki: PKI, version: s
         pytest.skip(f"local OpenSSL cannot build a {version} client: {exc}")
     try:
         # The control: the same client works against a server that allows old versions.
-        negotiated, _ = local_handshake(permissive_server_context(pki.server_rsa), ctx)
+        negotiated, _ = local_handshake(permissive(pki.server_rsa), ctx)
     except (ssl.SSLError, OSError) as exc:
         pytest.skip(f"local OpenSSL cannot do a {version} handshake at all: {exc!r}")
     assert negotiated == version.replace("_", ".")
@@ -735,7 +684,7 @@ def test_old_tls_versions_are_refused(https_server: Server, pki: PKI, version: s
 def test_weak_tls12_ciphers_are_refused(https_server: Server, pki: PKI, cipher: str) -> None:
     ctx = client_context(maximum=ssl.TLSVersion.TLSv1_2, ciphers=f"{cipher}:@SECLEVEL=0")
     try:
-        _, negotiated = local_handshake(permissive_server_context(pki.server_rsa), ctx)
+        _, negotiated = local_handshake(permissive(pki.server_rsa), ctx)
     except (ssl.SSLError, OSError) as exc:
         pytest.skip(f"local OpenSSL cannot negotiate {cipher} at all: {exc!r}")
     assert negotiated == cipher

@@ -10,9 +10,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import requests
+
+if TYPE_CHECKING:
+    from gas.tls import KeyType
 
 
 @dataclass(frozen=True)
@@ -24,15 +27,23 @@ class TLSFiles:
     client_key: str
 
 
-def make_tls_files(directory: Path) -> TLSFiles:
+def make_tls_files(directory: Path, key_type: KeyType = "ec") -> TLSFiles:
+    """A CA, a server certificate for localhost/127.0.0.1 and a client certificate."""
     from gas import tls
 
-    ca_cert, ca_key = tls.new_ca("gas-test-ca")
+    ca_cert, ca_key = tls.new_ca("gas-test-ca", key_type=key_type)
     server_cert, server_key = tls.issue_certificate(
-        ca_cert, ca_key, "gas-test-server", ["localhost"], ["127.0.0.1"], server=True, client=False
+        ca_cert,
+        ca_key,
+        "gas-test-server",
+        ["localhost"],
+        ["127.0.0.1"],
+        server=True,
+        client=False,
+        key_type=key_type,
     )
     client_cert, client_key = tls.issue_certificate(
-        ca_cert, ca_key, "kube-scheduler", server=False, client=True
+        ca_cert, ca_key, "kube-scheduler", server=False, client=True, key_type=key_type
     )
     files = TLSFiles(
         ca=str(directory / "ca.crt"),
@@ -47,6 +58,22 @@ def make_tls_files(directory: Path) -> TLSFiles:
     tls.write_pem(files.client_cert, client_cert)
     tls.write_pem(files.client_key, client_key, private=True)
     return files
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live child processes of `pid` (a gunicorn arbiter's workers)."""
+    children = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            children.append(int(entry))
+    return children
 
 
 def free_port() -> int:
