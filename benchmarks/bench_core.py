@@ -9,9 +9,9 @@ import random
 import statistics
 import time
 
-from gas.allocator import allocate
-from gas.ledger import Ledger
-from gas.model import NodeGpu, pod_request
+from gas.core.allocator import allocate
+from gas.core.ledger import Ledger
+from gas.core.model import NodeGpu, pod_request
 
 MEM = "gpu.intel.com/memory.max"
 I915 = "gpu.intel.com/i915"

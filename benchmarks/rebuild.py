@@ -19,8 +19,8 @@ import tracemalloc
 from pathlib import Path
 
 from benchmarks.workload import make_cluster
-from gas.ledger import Ledger, observe_pod
-from gas.model import node_from_object
+from gas.core.ledger import Ledger, observe_pod
+from gas.core.model import node_from_object
 
 
 def _status_kib(field: str) -> int:

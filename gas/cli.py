@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 from flask import Flask
 
 from gas import __version__
-from gas.ledger import DEFAULT_PENDING_GRACE
+from gas.core.ledger import DEFAULT_PENDING_GRACE
 
 if TYPE_CHECKING:
-    from gas.leader import Elector
+    from gas.cluster.leader import Elector
 
 log = logging.getLogger("gas")
 
@@ -177,12 +177,15 @@ def build_parser() -> argparse.ArgumentParser:
 # keeps heavy imports inside run() so `gas serve` starts fast.
 COMMANDS = {
     "certs": (
-        "gas.certs",
+        "gas.tools.certs",
         "generate the CA, gas's server certificate and kube-scheduler's client certificate",
     ),
-    "check-config": ("gas.schedconfig", "check a kube-scheduler configuration that uses gas"),
-    "inspect": ("gas.inspect", "show GPU allocation per node and card, from pod annotations"),
-    "label-node": ("gas.labeler", "discover this node's GPU cards and label the node"),
+    "check-config": ("gas.tools.checkconfig", "check a kube-scheduler configuration that uses gas"),
+    "inspect": (
+        "gas.tools.inspector",
+        "show GPU allocation per node and card, from pod annotations",
+    ),
+    "label-node": ("gas.tools.label_node", "discover this node's GPU cards and label the node"),
 }
 
 
@@ -203,7 +206,7 @@ def _use_demo(args: argparse.Namespace) -> bool:
         return True
     if args.kubeConfig or os.environ.get("KUBECONFIG"):
         return False
-    from gas.kube import in_cluster
+    from gas.cluster.kube import in_cluster
 
     if in_cluster():
         return False
@@ -212,9 +215,9 @@ def _use_demo(args: argparse.Namespace) -> bool:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from gas import server, tls
-    from gas.demo import load_demo_file
-    from gas.extender import Options
+    from gas.cluster.demo import load_demo_file
+    from gas.serving import server, tls
+    from gas.serving.extender import Options
 
     demo = _use_demo(args)
     kubeconfig = args.kubeConfig or os.environ.get("KUBECONFIG")
@@ -225,7 +228,7 @@ def serve(args: argparse.Namespace) -> int:
             log.error("cannot load the demo cluster: %s", exc)
             return 1
     else:
-        from gas.kube import load_api_client
+        from gas.cluster.kube import load_api_client
 
         try:
             load_api_client(kubeconfig)  # fail here, with a clear message, not in the worker
@@ -243,7 +246,7 @@ def serve(args: argparse.Namespace) -> int:
         log.info("demo mode: generated a throwaway self-signed certificate %s", cert)
     if not args.unsafe and not args.cacert:
         log.warning("no --cacert: client certificates are not verified")
-    from gas.leader import LEASE_NAME, ElectionConfig, default_identity, default_namespace
+    from gas.cluster.leader import LEASE_NAME, ElectionConfig, default_identity, default_namespace
 
     election: ElectionConfig | None = None
     lease_namespace = args.leaderElectNamespace or default_namespace()
@@ -265,7 +268,7 @@ def serve(args: argparse.Namespace) -> int:
             "leader election on Lease %s/%s as %s", lease_namespace, LEASE_NAME, election.identity
         )
     electors: list[Elector] = []
-    from gas.allocator import Policy
+    from gas.core.allocator import Policy
 
     options = Options(
         max_request_bytes=args.maxRequestBytes,
@@ -279,25 +282,30 @@ def serve(args: argparse.Namespace) -> int:
 
     def app_factory() -> Flask:
         # Runs in the gunicorn worker, where the ledger and its sync threads must live.
-        from gas.cluster import Cluster
-        from gas.extender import create_app
-        from gas.ledger import Ledger
-        from gas.metrics import Metrics
+        from gas.cluster.protocol import Cluster
+        from gas.core.ledger import Ledger
+        from gas.serving.extender import create_app
+        from gas.serving.metrics import Metrics
 
         ledger = Ledger(policy=options.policy, pending_grace=args.pendingGrace)
         metrics = Metrics()
         cluster: Cluster
         if demo:
-            from gas.demo import DemoCluster
+            from gas.cluster.demo import DemoCluster
 
             cluster = DemoCluster(ledger, demo_data)
         else:
-            from gas.kube import KubeCluster, load_api_client
+            from gas.cluster.kube import KubeCluster, load_api_client
 
             api_client = load_api_client(kubeconfig)
-            cluster = KubeCluster(ledger, api_client, metrics)
+            cluster = KubeCluster(ledger, api_client, metrics.sync)
             if election is not None:
-                from gas.leader import Elector, KubeLeaseStore, LeaderGatedCluster, leader_gauge
+                from gas.cluster.leader import (
+                    Elector,
+                    KubeLeaseStore,
+                    LeaderGatedCluster,
+                    leader_gauge,
+                )
 
                 store = KubeLeaseStore(
                     api_client, lease_namespace, LEASE_NAME, election.renew_deadline

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gas.audit import check_invariants, drift, usage_from_pods
+from gas.tools.audit import check_invariants, drift, usage_from_pods
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles, make_tls_files
 from tests.support.scheduler import SchedulerEmulator
@@ -24,6 +24,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="N",
         help="run the randomised reliability workload for N operations (50000; env GAS_SOAK=N)",
     )
+
+
+_KINDS = ("unit", "integration")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The folder says the kind: `-m unit` is the quick loop (pure, in-process, seconds).
+    for item in items:
+        kind = next(
+            (k for k in _KINDS if f"{os.sep}tests{os.sep}{k}{os.sep}" in str(item.path)), None
+        )
+        if kind is not None:
+            item.add_marker(kind)
 
 
 @pytest.fixture
@@ -120,7 +133,7 @@ def wait_for_nodes(gas: GasProcess, *names: str) -> None:
 
 
 def assert_consistent(gas: GasProcess, apiserver: ApiServerDouble) -> None:
-    """The invariants (gas.audit.check_invariants): no card over capacity, no pod or tile
+    """The invariants (gas.tools.audit.check_invariants): no card over capacity, no pod or tile
     accounted twice, and the ledger equals what the cluster's annotations imply for bound,
     non-terminal pods plus its binds in flight (once the watch has caught up)."""
     pods = apiserver.list_pods()

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import requests
 
 if TYPE_CHECKING:
-    from gas.tls import KeyType
+    from gas.serving.tls import KeyType
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class TLSFiles:
 
 def make_tls_files(directory: Path, key_type: KeyType = "ec") -> TLSFiles:
     """A CA, a server certificate for localhost/127.0.0.1 and a client certificate."""
-    from gas import tls
+    from gas.serving import tls
 
     ca_cert, ca_key = tls.new_ca("gas-test-ca", key_type=key_type)
     server_cert, server_key = tls.issue_certificate(

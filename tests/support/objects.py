@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gas.model import LABEL_GPU_NUMBERS
+from gas.core.model import LABEL_GPU_NUMBERS
 
 PREFIX = "gpu.intel.com/"
 

@@ -37,8 +37,8 @@ from typing import Any
 
 import requests
 
-from gas.model import RESOURCE_PREFIX, as_list, as_mapping
-from gas.quantity import parse_quantity
+from gas.core.model import RESOURCE_PREFIX, as_list, as_mapping
+from gas.core.quantity import parse_quantity
 from tests.support.apiserver import ApiServerDouble
 
 MANAGED = ("gpu.intel.com/i915", "gpu.intel.com/xe")

@@ -1,4 +1,4 @@
-"""A trivial Flask app served by ``gas.server.serve``, for the TLS/serving tests.
+"""A trivial Flask app served by ``gas.serving.server.serve``, for the TLS/serving tests.
 
 Run as ``python -m tests.support.tls_app --port N [--cert C --key K [--ca CA] | --unsafe]``.
 It reports which process and thread served each request, so that tests can check the
@@ -15,7 +15,7 @@ from typing import Any
 
 from flask import Flask, jsonify, request
 
-from gas.server import serve
+from gas.serving.server import serve
 
 _state_lock = threading.Lock()
 _state: dict[str, Any] = {"in_flight": 0, "served": 0}

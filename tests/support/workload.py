@@ -21,8 +21,8 @@ from typing import Any
 
 import requests
 
-from gas.audit import check_invariants, in_flight
-from gas.kube import BIND_TIMEOUT
+from gas.cluster.kube import BIND_TIMEOUT
+from gas.tools.audit import check_invariants, in_flight
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess
 from tests.support.objects import container, gpu_node, gpu_pod

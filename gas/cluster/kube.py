@@ -1,0 +1,547 @@
+"""The Kubernetes side: list+watch of nodes and pods into the ledger, the Binding, and the
+deschedule label patches (gas/deschedule.py decides them; this module sends them).
+
+Objects are read as plain JSON (`_preload_content=False`) rather than through the client's
+generated models: the ledger wants the wire shape, and model deserialisation would cost
+more than everything else at tens of thousands of pods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import gc
+import json
+import logging
+import queue
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from kubernetes import client, config
+
+from gas.cluster.counters import SyncCounters
+from gas.cluster.deschedule import Descheduler, PatchRejected, PodGone
+from gas.cluster.protocol import BindRejected, BindUncertain, ClusterError
+from gas.core.ledger import Ledger, observe_pod
+from gas.core.model import ANNOTATION_CARDS, node_from_object
+
+log = logging.getLogger(__name__)
+
+WATCH_SECONDS = 300
+"""Server-side watch length; the watch is then resumed from the last resourceVersion."""
+BIND_TIMEOUT = (3.0, 8.0)
+"""Connect and read timeouts of the Binding write: inside the scheduler's httpTimeout."""
+PATCH_TIMEOUT = (3.0, 10.0)
+"""Connect and read timeouts of a deschedule label patch (background work, retried)."""
+MERGE_PATCH = "application/merge-patch+json"
+_TRANSIENT = frozenset({408, 409, 429})
+"""Client-error statuses worth retrying: timeout, conflict, throttling."""
+
+
+def load_api_client(kubeconfig: str | None) -> client.ApiClient:
+    """The kubeconfig file when one is named, else the in-cluster configuration."""
+    configuration = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        log.info("using Kubernetes configuration from %s", kubeconfig)
+    else:
+        config.load_incluster_config(client_configuration=configuration)
+        log.info("using in-cluster Kubernetes configuration")
+    return client.ApiClient(configuration)
+
+
+def in_cluster() -> bool:
+    try:
+        config.load_incluster_config(client_configuration=client.Configuration())
+    except config.ConfigException:
+        return False
+    return True
+
+
+class _Reflector(threading.Thread):
+    """Keeps one kind of object in step with the API server, as client-go's reflector does:
+    list, then watch from the list's resourceVersion; when a watch ends or its stream
+    breaks, watch again from the last version seen; relist only on 410 Gone. Requests that
+    fail back off exponentially (up to 8 s) and mark the cluster not synced until one
+    succeeds again."""
+
+    BASE_DELAY = 0.2
+    # Kept short: while gas is not synced every GPU pod waits, so once the API server is
+    # back gas should notice within seconds; one list attempt per resource every 8 s
+    # costs an API server that is down nothing.
+    MAX_DELAY = 8.0
+
+    def __init__(
+        self,
+        kind: str,
+        call: Callable[..., Any],
+        on_list: Callable[[list[dict[str, Any]], float], None],
+        on_event: Callable[[str, dict[str, Any]], None],
+        on_health: Callable[[], None],
+        on_restart: Callable[[str], None],
+        stop: threading.Event,
+        settle_heap: bool = False,
+    ) -> None:
+        super().__init__(name=f"reflector-{kind}", daemon=True)
+        self._settle_heap = settle_heap
+        self._on_restart = on_restart
+        self.kind = kind
+        self._call = call
+        self._on_list = on_list
+        self._on_event = on_event
+        self._on_health = on_health
+        self._stop_event = stop
+        self.healthy = False
+        self.lists = 0
+        self.watch_restarts = 0
+        self._response: Any = None
+        self._version: str | None = None
+
+    def run(self) -> None:
+        delay = self.BASE_DELAY
+        while not self._stop_event.is_set():
+            try:
+                if self._version is None:
+                    self._version = self._list()
+                self._watch()
+                delay = self.BASE_DELAY
+            except _Expired:
+                log.info("%s watch expired (410 Gone): relisting", self.kind)
+                self._version = None
+                continue
+            except Exception as exc:
+                if self._stop_event.is_set():
+                    break
+                if isinstance(exc, _StreamBroken):
+                    # The stream broke after the API server accepted it: resume at once.
+                    log.info("%s watch stream broke (%s); resuming", self.kind, exc)
+                    delay = self.BASE_DELAY
+                else:
+                    self._set_health(False)
+                    log.warning("%s sync failed (%s); retrying in %.1fs", self.kind, exc, delay)
+                    self._stop_event.wait(delay * random.uniform(0.8, 1.2))
+                    delay = min(delay * 2, self.MAX_DELAY)
+                    continue
+            self.watch_restarts += 1
+            self._on_restart(self.kind)
+            # A short pause, so a server that ends every watch at once is not hammered.
+            self._stop_event.wait(self.BASE_DELAY * random.uniform(0.5, 1.0))
+
+    def close(self) -> None:
+        response = self._response
+        if response is not None:
+            with contextlib.suppress(Exception):
+                response.shutdown()
+
+    def _list(self) -> str:
+        started = time.monotonic()
+        response = self._call(_preload_content=False, _request_timeout=(5, 60))
+        with _heap_settled(self._settle_heap):
+            body = json.loads(response.data)
+            items = body.get("items") or []
+            version = str(body["metadata"]["resourceVersion"])
+            count = len(items)
+            self._on_list(items, started)
+            # Gone before the heap is settled: the parsed list is not worth freezing.
+            del body, items, response
+        self.lists += 1
+        log.info("listed %d %s at resourceVersion %s", count, self.kind, version)
+        return version
+
+    def _watch(self) -> None:
+        """Follow one watch until it ends; _StreamBroken if it breaks once accepted."""
+        response = self._call(
+            watch=True,
+            resource_version=self._version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=WATCH_SECONDS,
+            _preload_content=False,
+            _request_timeout=(5, WATCH_SECONDS + 30),
+        )
+        self._response = response
+        self._set_health(True)
+        try:
+            for event in _json_lines(response):
+                kind = event.get("type")
+                obj = event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Expired()
+                    raise _StreamBroken(f"watch error: {obj.get('message')}")
+                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    self._on_event(kind, obj)
+                # Only after the event is applied: a crash above replays it on resume.
+                if rv:
+                    self._version = str(rv)
+        except (_Expired, _StreamBroken):
+            raise
+        except Exception as exc:
+            raise _StreamBroken(str(exc) or type(exc).__name__) from exc
+        finally:
+            self._response = None
+            response.release_conn()
+
+    def _set_health(self, healthy: bool) -> None:
+        if healthy != self.healthy:
+            self.healthy = healthy
+            self._on_health()
+
+
+@contextlib.contextmanager
+def _heap_settled(settle: bool) -> Iterator[None]:
+    """Around a large list (tens of thousands of pods): no collection while it is parsed
+    and applied, then one full collection and every surviving object frozen.
+
+    The parsed list and what gas keeps of it are a million or so objects, all alive until
+    the list is applied, so collecting during it only costs time (about a second of a
+    rebuild). Once applied, what survives is long-lived: left in the collector's oldest
+    generation, each full collection would go over all of it (250-330 ms at 50,000 pods,
+    stalling every request). Frozen, collections skip it; objects freed later still go by
+    reference counting. Frozen objects are unfrozen at the next large list, so its full
+    collection also finds whatever of them became cyclic garbage.
+    """
+    if not settle:
+        yield
+        return
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        gc.unfreeze()
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+    gc.collect()
+    gc.freeze()
+
+
+class _Expired(Exception):
+    pass
+
+
+class _StreamBroken(Exception):
+    """A watch stream that the API server had accepted ended abnormally."""
+
+
+def _json_lines(response: Any) -> Iterator[dict[str, Any]]:
+    for line in response:
+        line = line.strip()
+        if line:
+            yield json.loads(line)
+
+
+class _EventSender(threading.Thread):
+    """Posts Events from a bounded queue on its own thread; drops them when the API server
+    cannot keep up, since an Event is never worth delaying or failing a decision."""
+
+    def __init__(self, post: Callable[[str, dict[str, Any]], None], stop: threading.Event) -> None:
+        super().__init__(name="event-sender", daemon=True)
+        self._post = post
+        self._stop_event = stop
+        self._queue: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue(maxsize=1000)
+        self.dropped = 0
+
+    def send(self, namespace: str, event: dict[str, Any]) -> None:
+        try:
+            self._queue.put_nowait((namespace, event))
+        except queue.Full:
+            self.dropped += 1
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            try:
+                namespace, event = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            try:
+                self._post(namespace, event)
+            except Exception as exc:
+                log.debug("event for %s not posted: %s", event["involvedObject"], exc)
+
+
+class _PendingSweeper(threading.Thread):
+    """Settles PENDING entries older than the ledger's grace (binds whose outcome was
+    unknown and that the watch has not resolved: the pod was deleted before the Binding
+    could land, or kube-scheduler never retried it) by reading each pod afresh."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        get_pod: Callable[[str, str], dict[str, Any] | None],
+        metrics: SyncCounters,
+        stop: threading.Event,
+    ) -> None:
+        super().__init__(name="pending-sweeper", daemon=True)
+        self._ledger = ledger
+        self._get_pod = get_pod
+        self._metrics = metrics
+        self._stop_event = stop
+        # Often enough that a stale entry lives at most a third longer than the grace.
+        self.interval = min(max(ledger.pending_grace / 3, 0.2), 30.0)
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            try:
+                self.sweep()
+            except Exception:
+                log.exception("settling uncertain binds failed; retrying")
+
+    def sweep(self) -> int:
+        released = 0
+        for stale in self._ledger.stale_pending():
+            try:
+                pod = self._get_pod(stale.namespace, stale.name)
+            except ClusterError as exc:
+                log.debug(
+                    "cannot settle the bind of %s/%s yet: %s", stale.namespace, stale.name, exc
+                )
+                continue
+            verdict = pending_verdict(pod, stale.uid)
+            if verdict is None or not self._ledger.settle_pending(stale):
+                continue
+            released += 1
+            self._metrics.pending_released.labels(verdict).inc()
+            log.warning(
+                "released the cards held for %s/%s (uid %s) on %s: its bind's outcome was "
+                "unknown and %.0fs later the pod is %s",
+                stale.namespace,
+                stale.name,
+                stale.uid,
+                stale.node,
+                self._ledger.pending_grace,
+                verdict,
+            )
+        return released
+
+
+def pending_verdict(pod: Mapping[str, Any] | None, uid: str) -> str | None:
+    """Why a stale uncertain bind of pod `uid` no longer holds cards, given a fresh read of
+    the pod; None when the pod shows gas's binding (the watch will confirm it)."""
+    if pod is None:
+        return "deleted"
+    metadata = pod.get("metadata") or {}
+    if metadata.get("uid") != uid:
+        return "deleted"  # a namesake replaced it
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return "finished"
+    if not (pod.get("spec") or {}).get("nodeName"):
+        return "not bound"
+    if ANNOTATION_CARDS not in (metadata.get("annotations") or {}):
+        return "bound by another binder"
+    return None
+
+
+class KubeCluster:
+    """A real cluster through the official client."""
+
+    def __init__(
+        self, ledger: Ledger, api_client: client.ApiClient, metrics: SyncCounters | None = None
+    ) -> None:
+        self._ledger = ledger
+        self._metrics = metrics or SyncCounters()
+        self._core = client.CoreV1Api(api_client)
+        self._stop = threading.Event()
+        self._events = _EventSender(self._post_event, self._stop)
+        self._host = socket.gethostname()
+        self._was_synced = False
+        self._descheduler = Descheduler(self._patch_pod, self._stop)
+        self._sweeper = _PendingSweeper(ledger, self.get_pod, self._metrics, self._stop)
+        self._reflectors = [
+            _Reflector(
+                "nodes",
+                self._core.list_node,
+                self._nodes_listed,
+                self._node_event,
+                self._health_changed,
+                self._watch_restarted,
+                self._stop,
+            ),
+            _Reflector(
+                "pods",
+                self._core.list_pod_for_all_namespaces,
+                self._pods_listed,
+                self._pod_event,
+                self._health_changed,
+                self._watch_restarted,
+                self._stop,
+                settle_heap=True,
+            ),
+        ]
+
+    # ------------------------------------------------------------ Cluster protocol
+
+    def start(self) -> None:
+        self._events.start()
+        self._descheduler.start()
+        self._sweeper.start()
+        for reflector in self._reflectors:
+            reflector.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._descheduler.wake()
+        for reflector in self._reflectors:
+            reflector.close()
+
+    def synced(self) -> bool:
+        return all(r.healthy for r in self._reflectors)
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            response: Any = self._core.read_namespaced_pod(
+                name, namespace, _preload_content=False, _request_timeout=(3, 5)
+            )
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise ClusterError(f"reading pod {namespace}/{name}: {_api_message(exc)}") from exc
+        except Exception as exc:
+            raise ClusterError(f"reading pod {namespace}/{name}: {exc}") from exc
+        pod: dict[str, Any] = json.loads(response.data)
+        return pod
+
+    def bind(self, pod: Mapping[str, Any], node: str, annotations: Mapping[str, str]) -> None:
+        metadata = pod.get("metadata") or {}
+        name, namespace = str(metadata.get("name")), str(metadata.get("namespace"))
+        body: Any = client.V1Binding.from_dict(
+            {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "uid": metadata.get("uid"),
+                    "annotations": dict(annotations),
+                },
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+            }
+        )
+        try:
+            self._core.create_namespaced_pod_binding(
+                name, namespace, body, _preload_content=False, _request_timeout=BIND_TIMEOUT
+            )
+        except client.ApiException as exc:
+            message = f"binding {namespace}/{name} to {node}: {_api_message(exc)}"
+            if exc.status is not None and 400 <= exc.status < 500 and exc.status != 429:
+                raise BindRejected(message) from exc
+            raise BindUncertain(message) from exc
+        except Exception as exc:
+            raise BindUncertain(f"binding {namespace}/{name} to {node}: {exc}") from exc
+
+    def record_event(
+        self, pod: Mapping[str, Any], event_type: str, reason: str, message: str
+    ) -> None:
+        metadata = pod.get("metadata") or {}
+        namespace = str(metadata.get("namespace") or "default")
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self._events.send(
+            namespace,
+            {
+                "metadata": {"generateName": f"{metadata.get('name')}.", "namespace": namespace},
+                "involvedObject": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": metadata.get("name"),
+                    "namespace": namespace,
+                    "uid": metadata.get("uid"),
+                },
+                "type": event_type,
+                "reason": reason,
+                "message": message[:1000],
+                "source": {"component": "gas"},
+                "reportingComponent": "gas",
+                "reportingInstance": self._host,
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "count": 1,
+            },
+        )
+
+    def _patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        # A JSON merge patch, never a JSON patch: it needs no labels map to exist, removing
+        # an absent label is no error, and no `force` (which only apply patches accept).
+        try:
+            response: Any = self._core.patch_namespaced_pod(
+                name,
+                namespace,
+                patch,
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+                _request_timeout=PATCH_TIMEOUT,
+            )
+        except client.ApiException as exc:
+            message = _api_message(exc)
+            # 422: the UID in the patch no longer matches, so the pod was replaced.
+            if exc.status in (404, 410, 422):
+                raise PodGone(message) from exc
+            if exc.status is not None and 400 <= exc.status < 500 and exc.status not in _TRANSIENT:
+                raise PatchRejected(message) from exc
+            raise ClusterError(message) from exc
+        # Read to the end, so the connection goes back to the pool clean for the next patch.
+        response.drain_conn()
+        response.release_conn()
+
+    def _post_event(self, namespace: str, event: dict[str, Any]) -> None:
+        body: Any = client.CoreV1Event.from_dict(event)
+        self._core.create_namespaced_event(
+            namespace, body, _preload_content=False, _request_timeout=(3, 5)
+        )
+
+    # ------------------------------------------------------------ watch callbacks
+
+    def _nodes_listed(self, items: list[dict[str, Any]], _started: float) -> None:
+        nodes = [node_from_object(item) for item in items]
+        self._ledger.replace_nodes(nodes)
+        self._descheduler.nodes_listed(nodes)
+
+    def _node_event(self, kind: str, obj: dict[str, Any]) -> None:
+        node = node_from_object(obj)
+        if kind == "DELETED":
+            self._ledger.remove_node(node.name)
+            self._descheduler.node_removed(node.name)
+        else:
+            self._ledger.set_node(node)
+            self._descheduler.node_changed(node)
+
+    def _pods_listed(self, items: list[dict[str, Any]], started: float) -> None:
+        observations = [o for o in map(observe_pod, items) if o is not None]
+        self._ledger.replace_pods(observations, started)
+        self._metrics.ledger_rebuilds.inc()
+        self._descheduler.pods_listed(items)
+
+    def _pod_event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self._descheduler.pod_removed(obj)
+        else:
+            self._descheduler.pod_changed(obj)
+        observation = observe_pod(obj)
+        if observation is None:
+            return
+        if kind == "DELETED":
+            self._ledger.forget(observation.uid)
+        else:
+            self._ledger.observe(observation)
+
+    def _watch_restarted(self, kind: str) -> None:
+        self._metrics.watch_restarts.labels(kind).inc()
+
+    def _health_changed(self) -> None:
+        synced = self.synced()
+        if synced != self._was_synced:
+            self._was_synced = synced
+            log.info("cluster sync %s", "ready" if synced else "lost: not ready")
+
+
+def _api_message(exc: client.ApiException) -> str:
+    try:
+        status = json.loads(exc.body or "")
+        if isinstance(status, dict) and status.get("message"):
+            return f"{exc.status} {status['message']}"
+    except ValueError:
+        pass
+    return f"{exc.status} {exc.reason}"

@@ -1,0 +1,621 @@
+"""Card choice: which cards of one node each container of a pod gets, or why none fit.
+
+Pure functions of (node capacity, node usage, pod request): no I/O, no locks, no clock.
+
+The search is first fit in numeric card order, as GAS does, so wherever GAS finds cards gas
+finds the same ones. Where first fit fails on a multi-container pod, a bounded backtracking
+search tries the other card choices, so a node is only dropped when no set of cards fits
+(or the search budget runs out, which only an absurd pod can cause).
+
+Most pods have one container asking for cards and use plain first fit: they take a
+shortcut (`_first_fit`) that finds the same cards, or the same reason, without setting up
+the general search, and with a node `Summary` most pods that do not fit are refused without
+looking at each card. `place(..., shortcut=False)` is the search alone, which the
+shortcut is tested against.
+
+A rejection says whether waiting can help: `unresolvable` means the pod would not fit on
+this node even with every card idle, so preemption is pointless there.
+
+Placement policies (`Policy.placement`, overridden per pod by the `gas-policy` annotation)
+change the card order inside a node; `gas.core.scoring` ranks the nodes themselves:
+
+- `first-fit` (default, as GAS): numeric card order (`--balancedResource` and the node's
+  preferred card as GAS has them).
+- `binpack`: the fitting card with the least free capacity of the pod's dominant resource
+  first (ties: the first-fit order), so whole cards stay free for big pods.
+- `spread`: the fitting card with the most free capacity of it first.
+
+The dominant resource (`dominant_resource`) is the one the pod's per-card need takes the
+largest fraction of a card's capacity of (ties: resource name order). With a policy other
+than first-fit, `--balancedResource` is not used. Xe-linked pods keep the link order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from itertools import combinations
+
+from gas.core.model import (
+    ANNOTATION_ALLOW,
+    ANNOTATION_DENY,
+    BINPACK,
+    FIRST_FIT,
+    RESOURCE_PREFIX,
+    SPREAD,
+    TILES,
+    Allocation,
+    ContainerNeed,
+    NodeGpu,
+    PodRequest,
+    TileAllocation,
+    TileUsage,
+    Usage,
+)
+
+SEARCH_BUDGET = 20_000
+"""Card combinations tried per pod and node before giving up."""
+
+
+@dataclass(frozen=True)
+class Rejection:
+    reason: str
+    unresolvable: bool
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Cluster-wide switches from the command line (GAS's flags)."""
+
+    allowlist: bool = False
+    denylist: bool = False
+    balanced_resource: str = ""
+    """`--balancedResource`: cards with the least of this resource in use come first."""
+    placement: str = FIRST_FIT
+    """`--policy`: first-fit, binpack or spread; a pod's `gas-policy` annotation wins."""
+
+    def placement_for(self, request: PodRequest) -> str:
+        """The placement policy that applies to `request`."""
+        return request.policy or self.placement
+
+    @property
+    def balanced(self) -> str:
+        name = self.balanced_resource
+        if not name or name.startswith(RESOURCE_PREFIX):
+            return name
+        return RESOURCE_PREFIX + name
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Cards per container and, for containers that ask for tiles, the tiles per card."""
+
+    cards: Allocation
+    tiles: TileAllocation
+
+
+NODE_BLOCKED = "gpu: node has a pod with an unreadable gas-container-cards annotation"
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """Where one node stands, for the first-fit shortcut to refuse most pods without
+    looking at each card. Over the node's cards not disabled by its labels (`cards`):
+    how many are `blocked`, and over the others (`open`), the least usage of each
+    resource the node has capacity of. Made by `summarize`."""
+
+    cards: int
+    open: int
+    blocked: int
+    least_used: Mapping[str, int]
+
+
+def summarize(node: NodeGpu, usage: Usage, blocked: frozenset[str] = frozenset()) -> Summary:
+    """The summary of `node` with `usage` and `blocked` cards, for `place`."""
+    usable = [card for card in node.cards if card not in node.disabled]
+    open_cards = [card for card in usable if card not in blocked]
+    least = {
+        res: min((usage.get(card, {}).get(res, 0) for card in open_cards), default=0)
+        for res in node.capacity
+    }
+    return Summary(len(usable), len(open_cards), len(usable) - len(open_cards), least)
+
+
+def allocate(
+    node: NodeGpu,
+    usage: Usage,
+    request: PodRequest,
+    *,
+    blocked: frozenset[str] = frozenset(),
+    node_blocked: bool = False,
+    order: Sequence[str] | None = None,
+    tiles_used: TileUsage | None = None,
+    policy: Policy | None = None,
+) -> Allocation | Rejection:
+    """Cards per container for `request` on `node`, or the reason it does not fit."""
+    result = place(
+        node,
+        usage,
+        request,
+        blocked=blocked,
+        node_blocked=node_blocked,
+        order=order,
+        tiles_used=tiles_used,
+        policy=policy,
+    )
+    return result if isinstance(result, Rejection) else result.cards
+
+
+def place(
+    node: NodeGpu,
+    usage: Usage,
+    request: PodRequest,
+    *,
+    blocked: frozenset[str] = frozenset(),
+    node_blocked: bool = False,
+    order: Sequence[str] | None = None,
+    tiles_used: TileUsage | None = None,
+    policy: Policy | None = None,
+    summary: Summary | None = None,
+    shortcut: bool = True,
+) -> Placement | Rejection:
+    """Cards and tiles per container for `request` on `node`, or the reason it does not fit.
+
+    `blocked` cards count as full (an annotation naming them could not be read);
+    `node_blocked` makes every card full. `order` overrides the numeric card order.
+    `tiles_used` names the tile indices other pods hold on each card. `summary`, when
+    given, is `summarize(node, usage, blocked)`: callers fitting many pods to one state of
+    a node compute it once, and most pods that do not fit are then refused without
+    looking at each card. `shortcut=False` runs the general search alone: the reference
+    the first-fit shortcut is tested against (same answers, same reasons).
+    """
+    policy = policy or Policy()
+    if node.problem is not None:
+        return Rejection(node.problem, unresolvable=True)
+    problem = _request_problem(node, request, policy)
+    if problem is not None:
+        return Rejection(problem, unresolvable=True)
+    static = _static_check(node, request)
+    if static is not None:
+        return static
+    if not request.needs_gpu:
+        return Placement(
+            tuple(() for _ in request.containers), tuple(() for _ in request.containers)
+        )
+    if node_blocked:
+        return Rejection(NODE_BLOCKED, unresolvable=False)
+    sets = _search_sets(node, request, policy, order)
+    widest = max((len(s) for s in sets), default=0)
+    most = max(need.gpus for need in request.containers)
+    if most > widest:
+        return Rejection(_too_few_usable(node, request, most, widest), unresolvable=True)
+    single = _lone_need(request, policy, sets) if shortcut else None
+    if single is not None:
+        return _first_fit(node, usage, request, single, sets[0], blocked, summary)
+    tiles_used = tiles_used or {}
+    busy = _busy_tiles(node, tiles_used)
+    adjusted = _with_tile_usage(node, usage, tiles_used)
+    mode = policy.placement_for(request)
+    balanced = policy.balanced if mode == FIRST_FIT else ""
+    dominant = dominant_resource(node, request) if mode in (BINPACK, SPREAD) else None
+    fill = (dominant, mode == BINPACK) if dominant is not None else None
+    for cards in sets:
+        found = _search(node, adjusted, request, cards, blocked, busy, balanced, fill)
+        if found is not None:
+            tiles = _assign_tiles(node, request, found, busy)
+            if tiles is not None:
+                return Placement(found[0], tiles)
+    idle_busy = _busy_tiles(node, {})
+    idle = _with_tile_usage(node, {}, {})
+    if all(
+        _search(node, idle, request, cards, frozenset(), idle_busy, balanced) is None
+        for cards in sets
+    ):
+        return Rejection(
+            "gpu: pod does not fit on this node even with all its cards idle", unresolvable=True
+        )
+    usable = tuple(dict.fromkeys(c for s in sets for c in s))
+    return Rejection(_shortage(node, adjusted, request, blocked, usable), unresolvable=False)
+
+
+def dominant_resource(node: NodeGpu, request: PodRequest) -> str | None:
+    """The resource whose per-card need takes the largest fraction of a card's capacity,
+    over every container of the pod that asks for cards (ties: resource name order)."""
+    best: tuple[Fraction, str] | None = None
+    for need in request.containers:
+        if need.gpus <= 0:
+            continue
+        for res, amount in sorted(need.per_card().items()):
+            capacity = node.capacity.get(res, 0)
+            if amount <= 0 or capacity <= 0:
+                continue
+            share = Fraction(amount, capacity)
+            if best is None or share > best[0]:
+                best = (share, res)
+    return None if best is None else best[1]
+
+
+def _request_problem(node: NodeGpu, request: PodRequest, policy: Policy) -> str | None:
+    """Annotation and topology problems: they hold whatever the usage."""
+    for key, problem in sorted(request.problems.items()):
+        if key == ANNOTATION_ALLOW and not policy.allowlist:
+            continue
+        if key == ANNOTATION_DENY and not policy.denylist:
+            continue
+        return problem
+    if request.xelink and request.needs_gpu:
+        if node.xe_link_problem is not None:
+            return node.xe_link_problem
+        if not node.xe_links:
+            return "gpu: pod asks for Xe-linked GPUs, node has no gpu.intel.com/xe-links label"
+    if request.single_numa and request.needs_gpu and node.numa_problem is not None:
+        return node.numa_problem
+    return None
+
+
+def _search_sets(
+    node: NodeGpu, request: PodRequest, policy: Policy, order: Sequence[str] | None
+) -> list[tuple[str, ...]]:
+    """The card orders to search, each a set all the pod's cards must come from."""
+    cards = node.cards
+    if order is not None:
+        # Only the node's own cards, each once, whatever the caller's order names.
+        own = set(node.cards)
+        cards = tuple(c for c in dict.fromkeys(order) if c in own)
+    if node.preferred is not None and node.preferred in cards and not policy.balanced:
+        # Moved, not swapped as GAS does: the other cards keep their order.
+        cards = (node.preferred, *(c for c in cards if c != node.preferred))
+    usable = [c for c in cards if c not in node.disabled]
+    if policy.allowlist and request.allow is not None:
+        usable = [c for c in usable if c in request.allow]
+    if policy.denylist:
+        usable = [c for c in usable if c not in request.deny]
+    if request.single_numa and node.numa_groups:
+        # The whole pod in one NUMA group (GAS decides per container), groups in label order.
+        return [tuple(c for c in usable if c in group) for group in node.numa_groups]
+    return [tuple(usable)]
+
+
+def _lone_need(request: PodRequest, policy: Policy, sets: Sequence[tuple[str, ...]]) -> int | None:
+    """The index of the pod's only container asking for cards, when the search reduces to
+    plain first fit over one card order: no tiles to choose, no Xe links, no NUMA groups,
+    no card order that moves with usage. Most pods are like this, and `_first_fit` finds
+    their cards (or the reason) without the general search's set-up."""
+    if len(sets) != 1 or request.xelink or policy.balanced:
+        return None
+    if policy.placement_for(request) != FIRST_FIT:
+        return None
+    found = None
+    for index, need in enumerate(request.containers):
+        if need.gpus > 0:
+            if found is not None or TILES in need.requests:
+                return None
+            found = index
+    return found
+
+
+def _first_fit(
+    node: NodeGpu,
+    usage: Usage,
+    request: PodRequest,
+    index: int,
+    cards: tuple[str, ...],
+    blocked: frozenset[str],
+    summary: Summary | None,
+) -> Placement | Rejection:
+    """What `_search` finds for a pod whose only card-asking container is `index`: its
+    first `gpus` fitting cards in `cards` order. The caller has checked that the node has
+    enough usable cards and that a card has room for the per-card need, so the pod fits
+    on the idle node and a miss is a shortage."""
+    need = request.containers[index]
+    capacity = node.capacity
+    # A card fits when its usage of each resource is at most this (usage + need <= capacity).
+    limits = [(res, capacity.get(res, 0) - amount) for res, amount in need.per_card().items()]
+    wanted = need.gpus
+    if summary is not None and summary.cards == len(cards):
+        # `cards` are all the node's usable cards (a subset of them, as many): when no
+        # open card has room for some resource, `_shortage` would count every open card
+        # short of it, which no other resource can beat.
+        counts = dict.fromkeys(
+            (res for res, limit in limits if summary.least_used[res] > limit), summary.open
+        )
+        if counts or not summary.open:
+            if summary.blocked:
+                counts["blocked"] = summary.blocked
+            return Rejection(_worst_shortage(counts, request), unresolvable=False)
+    chosen: list[str] = []
+    for card in cards:
+        if card in blocked:
+            continue
+        used = usage.get(card)
+        if used is None or all(used.get(res, 0) <= limit for res, limit in limits):
+            chosen.append(card)
+            if len(chosen) == wanted:
+                picked = tuple(chosen)
+                containers = range(len(request.containers))
+                return Placement(
+                    tuple(picked if i == index else () for i in containers),
+                    tuple(() for _ in containers),
+                )
+    return Rejection(_shortage(node, usage, request, blocked, cards), unresolvable=False)
+
+
+def _too_few_usable(node: NodeGpu, request: PodRequest, most: int, widest: int) -> str:
+    why = []
+    if node.disabled & set(node.cards):
+        why.append("disabled by node labels")
+    if request.allow is not None or request.deny:
+        why.append("excluded by gas-allow or gas-deny")
+    if request.single_numa and node.numa_groups:
+        why.append("outside a single NUMA group")
+    detail = f" (the others are {' or '.join(why)})" if why else ""
+    return f"gpu: container asks for {most} cards, only {widest} usable{detail}"
+
+
+def _busy_tiles(node: NodeGpu, tiles_used: TileUsage) -> dict[str, frozenset[int]]:
+    """Tiles no new pod may take: in use, disabled or descheduled (all below capacity)."""
+    capacity = node.tiles_per_card
+    busy = {}
+    for card in set(tiles_used) | set(node.unavailable_tiles):
+        taken = tiles_used.get(card, frozenset()) | node.unavailable_tiles.get(card, frozenset())
+        busy[card] = frozenset(t for t in taken if t < capacity)
+    return busy
+
+
+def _with_tile_usage(node: NodeGpu, usage: Usage, tiles_used: TileUsage) -> Usage:
+    """Usage where a card's tiles count is at least its tiles taken by index, plus its
+    unavailable tiles not in use, so a fit on the tiles count guarantees free indices."""
+    capacity = node.tiles_per_card
+    if capacity <= 0:
+        return usage
+    adjusted: dict[str, Mapping[str, int]] = dict(usage)
+    for card in set(tiles_used) | set(node.unavailable_tiles):
+        used = frozenset(t for t in tiles_used.get(card, frozenset()) if t < capacity)
+        off = node.unavailable_tiles.get(card, frozenset()) - used
+        counted = usage.get(card, {}).get(TILES, 0)
+        value = max(counted, len(used)) + len(off)
+        if value != counted:
+            adjusted[card] = {**usage.get(card, {}), TILES: value}
+    return adjusted
+
+
+def _static_check(node: NodeGpu, request: PodRequest) -> Rejection | None:
+    """Reasons that hold whatever the usage: missing resources, too few cards."""
+    for need in request.containers:
+        if need.gpus == 0:
+            continue
+        if need.gpus > len(node.cards):
+            return Rejection(
+                f"gpu: container asks for {need.gpus} cards, node has {len(node.cards)}",
+                unresolvable=True,
+            )
+        for res, amount in need.per_card().items():
+            capacity = node.capacity.get(res, 0)
+            if capacity <= 0:
+                return Rejection(f"gpu: node has no {res} per card", unresolvable=True)
+            if amount > capacity:
+                return Rejection(
+                    f"gpu: container needs more {res} per card than a card has",
+                    unresolvable=True,
+                )
+    return None
+
+
+class _Budget:
+    def __init__(self, steps: int) -> None:
+        self.left = steps
+
+    def spend(self) -> bool:
+        self.left -= 1
+        return self.left >= 0
+
+
+Found = tuple[Allocation, tuple[tuple[int, ...], ...]]
+"""Cards per container, and for Xe-linked containers the linked tile on each card."""
+
+
+def _search(
+    node: NodeGpu,
+    usage: Usage,
+    request: PodRequest,
+    cards: Sequence[str],
+    blocked: frozenset[str],
+    busy: Mapping[str, frozenset[int]],
+    balanced: str = "",
+    fill: tuple[str, bool] | None = None,
+) -> Found | None:
+    """`fill` is (resource, fullest first): the binpack or spread card order."""
+    working: dict[str, dict[str, int]] = {}
+    taken: dict[str, set[int]] = {}  # tiles picked by this pod's Xe-linked containers
+    needs = request.containers
+    budget = _Budget(SEARCH_BUDGET)
+    chosen: list[tuple[str, ...]] = []
+    chosen_tiles: list[tuple[int, ...]] = []
+    group = set(request.same_gpu)
+    rank = {card: index for index, card in enumerate(cards)}
+
+    def used(card: str, res: str) -> int:
+        own = working.get(card)
+        if own is not None and res in own:
+            return own[res]
+        return usage.get(card, {}).get(res, 0)
+
+    def fits(card: str, per_card: Mapping[str, int]) -> bool:
+        return all(
+            used(card, res) + amount <= node.capacity.get(res, 0)
+            for res, amount in per_card.items()
+        )
+
+    def apply(picked: tuple[str, ...], per_card: Mapping[str, int], sign: int) -> None:
+        for card in picked:
+            own = working.setdefault(card, {})
+            for res, amount in per_card.items():
+                own[res] = used(card, res) + sign * amount
+
+    def ordered() -> Sequence[str]:
+        if fill is not None:
+            res, fullest = fill
+            # Capacity is the same on every card of a node: least free = most used.
+            return sorted(
+                cards, key=lambda c: (-used(c, res) if fullest else used(c, res), rank[c])
+            )
+        if not balanced:
+            return cards
+        # Re-sorted before each container, as usage moves: spreads the pod's containers.
+        return sorted(cards, key=lambda c: (used(c, balanced), rank[c]))
+
+    def group_card(index: int) -> str | None:
+        for earlier in range(index):
+            if needs[earlier].name in group:
+                return chosen[earlier][0]
+        return None
+
+    def free_tile(card: str, tile: int) -> bool:
+        return (
+            tile < node.tiles_per_card
+            and tile not in busy.get(card, ())
+            and tile not in taken.get(card, ())
+        )
+
+    def linked_pairs(per_card: Mapping[str, int]) -> list[tuple[str, int, str, int]]:
+        pairs = set()
+        for (a, a_tile), (b, b_tile) in node.xe_links:
+            # A link joins both ends: partners are found from either side (GAS only
+            # follows links left to right).
+            if a == b or a not in rank or b not in rank:
+                continue
+            if rank[b] < rank[a]:
+                a, a_tile, b, b_tile = b, b_tile, a, a_tile
+            if a in blocked or b in blocked:
+                continue
+            if (
+                free_tile(a, a_tile)
+                and free_tile(b, b_tile)
+                and fits(a, per_card)
+                and fits(b, per_card)
+            ):
+                pairs.add((a, a_tile, b, b_tile))
+        return sorted(pairs, key=lambda p: (rank[p[0]], p[1], rank[p[2]], p[3]))
+
+    def options(
+        index: int, need: ContainerNeed
+    ) -> Iterator[tuple[tuple[str, ...], tuple[int, ...]]]:
+        if need.gpus == 0:
+            yield (), ()
+            return
+        per_card = need.per_card()
+        if need.name in group:
+            shared = group_card(index)
+            if shared is not None:
+                if fits(shared, per_card):
+                    yield (shared,), ()
+                return
+        if request.xelink:
+            for combo in combinations(linked_pairs(per_card), need.gpus // 2):
+                picked = tuple(card for a, _, b, _ in combo for card in (a, b))
+                if len(set(picked)) == len(picked):
+                    yield picked, tuple(tile for _, at, _, bt in combo for tile in (at, bt))
+            return
+        eligible = (c for c in ordered() if c not in blocked and fits(c, per_card))
+        if need.gpus == 1:
+            # Lazily: first fit usually stops at the first free card.
+            yield from (((card,), ()) for card in eligible)
+        else:
+            yield from ((combo, ()) for combo in combinations(list(eligible), need.gpus))
+
+    def take(picked: tuple[str, ...], tiles: tuple[int, ...], sign: int) -> None:
+        for card, tile in zip(picked, tiles, strict=False):
+            if sign > 0:
+                taken.setdefault(card, set()).add(tile)
+            else:
+                taken[card].discard(tile)
+
+    def place_from(index: int) -> bool:
+        if index == len(needs):
+            return True
+        need = needs[index]
+        per_card = need.per_card()
+        for picked, tiles in options(index, need):
+            if not budget.spend():
+                return False
+            apply(picked, per_card, +1)
+            take(picked, tiles, +1)
+            chosen.append(picked)
+            chosen_tiles.append(tiles)
+            if place_from(index + 1):
+                return True
+            chosen.pop()
+            chosen_tiles.pop()
+            take(picked, tiles, -1)
+            apply(picked, per_card, -1)
+        return False
+
+    return (tuple(chosen), tuple(chosen_tiles)) if place_from(0) else None
+
+
+def _assign_tiles(
+    node: NodeGpu, request: PodRequest, found: Found, busy: Mapping[str, frozenset[int]]
+) -> TileAllocation | None:
+    """Tile indices for each container that asks for tiles: the linked ones for Xe-link
+    pods, else the preferred free tiles first, then the lowest free ones."""
+    allocation, linked = found
+    taken = {card: set(tiles) for card, tiles in busy.items()}
+    for cards, tiles in zip(allocation, linked, strict=True):
+        for card, tile in zip(cards, tiles, strict=False):
+            taken.setdefault(card, set()).add(tile)
+    result: list[tuple[tuple[str, tuple[int, ...]], ...]] = []
+    for need, cards, tiles in zip(request.containers, allocation, linked, strict=True):
+        if need.requests.get(TILES, 0) <= 0 or not cards:
+            result.append(())
+            continue
+        if tiles:
+            result.append(tuple((card, (tile,)) for card, tile in zip(cards, tiles, strict=True)))
+            continue
+        count = need.per_card(len(cards)).get(TILES, 0)
+        entries = []
+        for card in cards:
+            busy_here = taken.setdefault(card, set())
+            free = [t for t in range(node.tiles_per_card) if t not in busy_here]
+            preferred = [t for t in node.preferred_tiles.get(card, ()) if t in free]
+            picked = (preferred + [t for t in free if t not in preferred])[:count]
+            if len(picked) < count:
+                return None
+            busy_here.update(picked)
+            entries.append((card, tuple(sorted(picked))))
+        result.append(tuple(entries))
+    return tuple(result)
+
+
+def _shortage(
+    node: NodeGpu,
+    usage: Usage,
+    request: PodRequest,
+    blocked: frozenset[str],
+    usable: Sequence[str],
+) -> str:
+    """A short, stable reason naming the resource that keeps the most cards out."""
+    counts: dict[str, int] = {}
+    for need in request.containers:
+        if need.gpus == 0:
+            continue
+        for card in usable:
+            if card in blocked:
+                counts["blocked"] = counts.get("blocked", 0) + 1
+                continue
+            for res, amount in need.per_card().items():
+                if usage.get(card, {}).get(res, 0) + amount > node.capacity.get(res, 0):
+                    counts[res] = counts.get(res, 0) + 1
+    return _worst_shortage(counts, request)
+
+
+def _worst_shortage(counts: Mapping[str, int], request: PodRequest) -> str:
+    """The reason for the resource (or "blocked") that keeps the most cards out."""
+    if not counts:
+        if request.xelink:
+            return "gpu: not enough free Xe-linked card pairs"
+        return "gpu: not enough free cards for every container of the pod"
+    worst = max(sorted(counts), key=lambda res: counts[res])
+    if worst == "blocked":
+        return "gpu: cards are held by a pod with an unreadable gas-container-cards annotation"
+    return f"gpu: not enough free {worst} on the node's cards"

@@ -1,0 +1,202 @@
+"""Node scores for the prioritize verb, and the fragmentation measure. Pure functions.
+
+Node score (0..10, the extender protocol's range; kube-scheduler multiplies it by the
+extender's `weight` x 10):
+
+- The pod is placed on the node as bind would place it (same allocator, same policy, so
+  the same cards). A node where it does not fit scores 0.
+- `fullness` is then, for each resource the pod asks of its cards (a positive per-card
+  need that the node has capacity of, e.g. `i915` and `memory.max`), the node's usage
+  after the placement summed over its usable cards (not disabled by labels; each card
+  counted at most at its capacity), divided by (per-card capacity x usable cards); the
+  mean of those fractions over the resources. Exact rational arithmetic.
+- `binpack` scores round-half-up(10 x fullness): the fullest node that fits wins.
+  `spread` scores 10 minus that: the emptiest node wins.
+- `first-fit` (the default, as GAS) scores 0 everywhere: gas adds nothing and
+  kube-scheduler's own plugins (and its random tie-break) choose, as with GAS, which has no
+  prioritize verb. Every node given is still listed, so the reply always names them all.
+- The policy is the pod's `gas-policy` annotation, else `--policy`; a malformed annotation
+  scores 0 everywhere (the filter already refused the pod with a reason).
+
+Fragmentation: for a few common pod sizes (`POD_SIZES`), how many more such pods each
+node could still take, by placing them one after another on a copy of its usage with the
+allocator (first fit), at most `MAX_PLACEABLE` per node and size. A size is relative to
+each node's cards: a share of one card's `memory.max` on each of `cards` cards (plus one
+`i915`, or `xe` on xe nodes, per card). On a node without `memory.max` a size asks for
+the GPU count alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+
+from gas.core.allocator import Policy, Rejection, place
+from gas.core.model import (
+    BINPACK,
+    FIRST_FIT,
+    I915,
+    RESOURCE_PREFIX,
+    XE,
+    Allocation,
+    ContainerNeed,
+    NodeGpu,
+    PodRequest,
+    Usage,
+    allocation_usage,
+)
+
+SCORE_MAX = 10
+MEMORY_MAX = RESOURCE_PREFIX + "memory.max"
+MAX_PLACEABLE = 1000
+"""Placements tried per node and size; a bound for absurd capacities."""
+
+
+# ---------------------------------------------------------------- node scores
+
+
+def asked_resources(node: NodeGpu, request: PodRequest) -> list[str]:
+    """The resources the pod needs on its cards and the node has capacity of."""
+    names = {
+        res
+        for need in request.containers
+        if need.gpus > 0
+        for res, amount in need.per_card().items()
+        if amount > 0 and node.capacity.get(res, 0) > 0
+    }
+    return sorted(names)
+
+
+def fullness(
+    node: NodeGpu, usage: Usage, request: PodRequest, allocation: Allocation
+) -> Fraction | None:
+    """The fraction of the node's usable card capacity in use once `allocation` is added,
+    averaged over the resources the pod asks for; None when there is nothing to measure."""
+    after = _added(usage, allocation_usage(request, allocation))
+    resources = asked_resources(node, request)
+    cards = [card for card in node.cards if card not in node.disabled]
+    if not resources or not cards:
+        return None
+    total = Fraction(0)
+    for res in resources:
+        capacity = node.capacity[res]
+        used = sum(min(after.get(card, {}).get(res, 0), capacity) for card in cards)
+        total += Fraction(used, capacity * len(cards))
+    return total / len(resources)
+
+
+def node_score(
+    node: NodeGpu, usage: Usage, request: PodRequest, allocation: Allocation, policy: Policy
+) -> int:
+    """The score of a node the pod fits on with `allocation` (see the module docstring)."""
+    mode = policy.placement_for(request)
+    if mode == FIRST_FIT:
+        return 0
+    full = fullness(node, usage, request, allocation)
+    if full is None:
+        return 0
+    packed = math.floor(full * SCORE_MAX + Fraction(1, 2))
+    return packed if mode == BINPACK else SCORE_MAX - packed
+
+
+def score(node: NodeGpu, usage: Usage, request: PodRequest, policy: Policy) -> int:
+    """Place the pod on an otherwise unconstrained node and score it; 0 when it does not fit."""
+    result = place(node, usage, request, policy=policy)
+    if isinstance(result, Rejection):
+        return 0
+    return node_score(node, usage, request, result.cards, policy)
+
+
+def _added(usage: Usage, more: Usage) -> dict[str, dict[str, int]]:
+    result = {card: dict(resources) for card, resources in usage.items()}
+    for card, resources in more.items():
+        own = result.setdefault(card, {})
+        for res, amount in resources.items():
+            own[res] = own.get(res, 0) + amount
+    return result
+
+
+# ---------------------------------------------------------------- fragmentation
+
+
+@dataclass(frozen=True)
+class PodSize:
+    name: str
+    cards: int
+    share: Fraction
+    """Of one card's memory.max, on each of the pod's cards."""
+
+
+POD_SIZES = (
+    PodSize("quarter-card", 1, Fraction(1, 4)),
+    PodSize("half-card", 1, Fraction(1, 2)),
+    PodSize("one-card", 1, Fraction(1)),
+    PodSize("two-cards", 2, Fraction(1)),
+)
+
+
+def size_request(node: NodeGpu, size: PodSize) -> PodRequest:
+    """A one-container pod of `size` on `node`'s cards."""
+    count = XE if node.capacity.get(XE, 0) > 0 and node.capacity.get(I915, 0) <= 0 else I915
+    requests = {count: size.cards}
+    memory = node.capacity.get(MEMORY_MAX, 0)
+    if memory > 0:
+        requests[MEMORY_MAX] = max(1, math.floor(memory * size.share)) * size.cards
+    return PodRequest(containers=(ContainerNeed(size.name, size.cards, requests),))
+
+
+def placeable(
+    node: NodeGpu,
+    usage: Usage,
+    size: PodSize,
+    *,
+    blocked: frozenset[str] = frozenset(),
+    node_blocked: bool = False,
+) -> int:
+    """How many more pods of `size` fit on `node`, placed one after another."""
+    request = size_request(node, size)
+    current = {card: dict(resources) for card, resources in usage.items()}
+    count = 0
+    while count < MAX_PLACEABLE:
+        result = place(node, current, request, blocked=blocked, node_blocked=node_blocked)
+        if isinstance(result, Rejection):
+            break
+        current = _added(current, allocation_usage(request, result.cards))
+        count += 1
+    return count
+
+
+def placeable_pods(
+    nodes: Iterable[NodeGpu],
+    usage: Mapping[str, Usage],
+    blocked: Mapping[str, frozenset[str]] | None = None,
+    blocked_nodes: frozenset[str] = frozenset(),
+    sizes: Iterable[PodSize] = POD_SIZES,
+) -> dict[str, dict[str, int]]:
+    """Per node name (sorted): size name -> pods of that size still placeable there."""
+    blocked = blocked or {}
+    sizes = tuple(sizes)
+    result: dict[str, dict[str, int]] = {}
+    for node in sorted(nodes, key=lambda n: n.name):
+        result[node.name] = {
+            size.name: placeable(
+                node,
+                usage.get(node.name, {}),
+                size,
+                blocked=blocked.get(node.name, frozenset()),
+                node_blocked=node.name in blocked_nodes,
+            )
+            for size in sizes
+        }
+    return result
+
+
+def cluster_placeable(
+    per_node: Mapping[str, Mapping[str, int]], sizes: Iterable[PodSize] = POD_SIZES
+) -> dict[str, int]:
+    """Size name -> placeable pods summed over the nodes (each size counted alone)."""
+    return {
+        size.name: sum(counts.get(size.name, 0) for counts in per_node.values()) for size in sizes
+    }

@@ -1,0 +1,591 @@
+"""Serve the extender's Flask app with gunicorn, in-process, over HTTPS.
+
+One worker process with a pool of threads: the ledger lives in process memory, and a
+second worker would hold a second, diverging ledger. The app is built inside the worker
+(``preload_app`` off) because it starts background threads (list+watch), and threads do not
+survive the fork from the gunicorn master.
+
+TLS goes through gunicorn's ``ssl_context`` hook so that the policy of
+``gas.serving.tls.server_ssl_context`` applies (TLS >= 1.2, ECDHE+AEAD, optional mTLS) rather than
+gunicorn's defaults. gunicorn asks the hook for a context on every new connection; the hook
+hands out one cached context and rebuilds it when the certificate files change, so a
+renewed certificate (cert-manager, a rotated Secret) is picked up without a restart.
+"""
+
+from __future__ import annotations
+
+import errno
+import gc
+import logging
+import os
+import re
+import signal
+import ssl
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from gunicorn.app.base import BaseApplication  # type: ignore[import-untyped]
+from gunicorn.arbiter import Arbiter  # type: ignore[import-untyped]
+from gunicorn.workers.gthread import (  # type: ignore[import-untyped]
+    _DEFER,
+    DEFAULT_WORKER_DATA_TIMEOUT,
+    ThreadWorker,
+)
+
+from gas.serving.tls import TLS12_CIPHERS, TLSConfigError, server_ssl_context
+
+if TYPE_CHECKING:
+    import flask
+
+__all__ = ["DEFAULT_PORT", "build_options", "serve"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9001
+
+# gunicorn's parser never accepts a longer request line than this, whatever it is told.
+_GUNICORN_MAX_REQUEST_LINE = 8190
+
+# How often, at most, the certificate files are checked for a change.
+_RELOAD_CHECK_INTERVAL = 1.0
+
+_FileStamp = tuple[int, int, int, int] | None
+
+
+def _stamp(path: str) -> _FileStamp:
+    # stat() follows symlinks, so the atomic "..data" symlink swap that Kubernetes does
+    # when a mounted Secret changes shows up as a new inode.
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class _ReloadingContext:
+    """gunicorn ``ssl_context`` hook: one shared context, rebuilt when its files change.
+
+    A failed rebuild (files caught half-rotated, key not matching the new certificate yet)
+    keeps the previous context and is retried when the files change again.
+    """
+
+    def __init__(
+        self,
+        certfile: str,
+        keyfile: str,
+        cafile: str | None,
+        handshake_timeout: float | None,
+    ) -> None:
+        self._certfile = certfile
+        self._keyfile = keyfile
+        self._cafile = cafile
+        self._handshake_timeout = handshake_timeout
+        self._paths = tuple(p for p in (certfile, keyfile, cafile) if p is not None)
+        self._stamps = self._current_stamps()
+        self._context = self._build()
+        self._next_check = time.monotonic() + _RELOAD_CHECK_INTERVAL
+        self._lock = threading.Lock()
+
+    def _current_stamps(self) -> tuple[_FileStamp, ...]:
+        return tuple(_stamp(p) for p in self._paths)
+
+    def _build(self) -> ssl.SSLContext:
+        return server_ssl_context(
+            self._certfile,
+            self._keyfile,
+            self._cafile,
+            handshake_timeout=self._handshake_timeout,
+        )
+
+    def __call__(
+        self, config: Any, default_factory: Callable[[], ssl.SSLContext]
+    ) -> ssl.SSLContext:
+        if time.monotonic() >= self._next_check and self._lock.acquire(blocking=False):
+            # Connections arriving while another thread checks use the current context.
+            try:
+                self._next_check = time.monotonic() + _RELOAD_CHECK_INTERVAL
+                self._maybe_reload()
+            finally:
+                self._lock.release()
+        return self._context
+
+    def _maybe_reload(self) -> None:
+        stamps = self._current_stamps()
+        if stamps == self._stamps:
+            return
+        self._stamps = stamps
+        if None in stamps:
+            log.warning("TLS files changed and one is missing; keeping the current certificate")
+            return
+        try:
+            context = self._build()
+        except TLSConfigError as exc:
+            log.error("TLS files changed but cannot be loaded, keeping the current ones: %s", exc)
+            return
+        self._context = context
+        log.info("TLS certificate reloaded from %s", self._certfile)
+
+
+def _bind_address(host: str, port: int) -> str:
+    bare = host.strip()
+    if bare.startswith("[") and bare.endswith("]"):
+        bare = bare[1:-1]
+    if not bare:
+        raise ValueError("host must not be empty (use 0.0.0.0 or ::)")
+    if ":" in bare:
+        return f"[{bare}]:{port}"
+    return f"{bare}:{port}"
+
+
+def _worker_tmp_dir() -> str | None:
+    # gunicorn's heartbeat file. /tmp may be read-only in a container (the worker then
+    # cannot start) or on a disk slow enough to make a healthy worker look hung.
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK):
+        return shm
+    return None
+
+
+def _thread_stacks() -> str:
+    names = {t.ident: t.name for t in threading.enumerate()}
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        parts.append(f"--- thread {names.get(ident, '?')} ({ident}) ---\n")
+        parts.extend(traceback.format_stack(frame))
+    return "".join(parts)
+
+
+def _on_worker_abort(worker: Any) -> None:
+    # SIGABRT from the master means the worker's main loop stopped reporting for `timeout`
+    # seconds. The stacks show where it was stuck; the master then starts a new worker,
+    # which rebuilds its state from the cluster.
+    worker.log.critical(
+        "worker %s aborted (SIGABRT: the master sends it when the worker misses its "
+        "heartbeat for the timeout); thread stacks:\n%s",
+        worker.pid,
+        _thread_stacks(),
+    )
+
+
+def _make_worker_exit_hook(
+    on_worker_exit: Callable[[], None] | None,
+) -> Callable[[Any, Any], None]:
+    def worker_exit(server: Any, worker: Any) -> None:
+        # Runs in the worker after it stopped serving, before the interpreter joins
+        # non-daemon threads: the last chance to stop background threads cleanly.
+        worker.log.info("worker %s stopped serving", worker.pid)
+        if on_worker_exit is None:
+            return
+        try:
+            on_worker_exit()
+        except Exception:
+            worker.log.exception("on_worker_exit callback failed")
+
+    return worker_exit
+
+
+class _SingleWorkerArbiter(Arbiter):  # type: ignore[misc]
+    """gunicorn's master, minus the signals that would run two workers at once.
+
+    Stock gunicorn adds a worker on SIGTTIN, starts a second master with its own workers on
+    SIGUSR2, and on SIGHUP starts the new worker before the old one has stopped. Each of
+    those would put a second ledger next to the first, both binding pods.
+    """
+
+    def handle_ttin(self) -> None:
+        self.log.warning("SIGTTIN ignored: gas runs exactly one worker process")
+
+    def handle_ttou(self) -> None:
+        self.log.warning("SIGTTOU ignored: gas runs exactly one worker process")
+
+    def handle_usr2(self) -> None:
+        self.log.warning("SIGUSR2 ignored: a second master would run a second worker")
+
+    def handle_hup(self) -> None:
+        # Stop first; the main loop starts the replacement once the old worker is reaped.
+        # Requests arriving in between wait in the listen backlog.
+        self.log.info("SIGHUP: restarting the worker")
+        self.kill_workers(signal.SIGTERM)
+
+
+# Slow clients. Stock gthread hands a connection to a thread as soon as its first byte
+# arrives, and the thread then blocks until the whole request is in: a few clients that
+# send their headers or body a byte at a time hold every thread forever (slowloris), and
+# kube-scheduler's requests wait behind them. So a request is first collected without a
+# thread: each time the socket is readable a thread takes what is there, without
+# blocking, and hands the connection back to gunicorn's poller until the request is
+# complete (up to _PREBUFFER_LIMIT bytes, which bounds memory per connection). A client
+# gets REQUEST_READ_TIMEOUT seconds from its first byte to deliver the whole request;
+# past that it is disconnected, and a body larger than the prebuffer limit is read with
+# the same deadline on every blocking read. kube-scheduler sends a request in
+# milliseconds, so neither limit touches it.
+REQUEST_READ_TIMEOUT = 30.0
+_PREBUFFER_LIMIT = 512 * 1024
+_HEAD_LIMIT = 64 * 1024
+_HEADER = re.compile(rb"\r\n([A-Za-z0-9-]+)[ \t]*:[ \t]*([^\r\n]*)")
+_LAST_CHUNK = re.compile(rb"(?:^|\r\n)0+[ \t]*(?:;[^\r\n]*)?\r\n(?:[^\r\n]+\r\n)*\r\n")
+
+
+def _request_complete(data: bytes, body_limit: int | None = None) -> bool:
+    """Whether ``data`` holds a whole HTTP/1.x request, or enough to stop waiting: the
+    parser then reads the rest, answers a malformed request, or the app refuses a body
+    over ``body_limit`` without reading it."""
+    cap = _PREBUFFER_LIMIT if body_limit is None else min(body_limit, _PREBUFFER_LIMIT)
+    end = data.find(b"\r\n\r\n")
+    if end < 0:
+        return len(data) > _HEAD_LIMIT
+    headers = {k.lower(): v.strip().lower() for k, v in _HEADER.findall(data[: end + 2])}
+    body = data[end + 4 :]
+    if b"100-continue" in headers.get(b"expect", b""):
+        return True  # the client waits for "100 Continue" before sending the body
+    if b"chunked" in headers.get(b"transfer-encoding", b""):
+        return _LAST_CHUNK.search(body) is not None or len(body) > cap
+    length = headers.get(b"content-length", b"0")
+    if not length.isdigit():
+        return True  # malformed: the parser answers 400
+    if body_limit is not None and int(length) > body_limit:
+        return True
+    return len(body) >= min(int(length), cap)
+
+
+class _DeadlineSocket:
+    """The socket a request is parsed from, with a deadline on every blocking read."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+        self.deadline: float | None = None
+
+    def recv(self, size: int) -> bytes:
+        if self.deadline is None:
+            return bytes(self.sock.recv(size))
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the client took too long to send its request")
+        prior = self.sock.gettimeout()
+        self.sock.settimeout(remaining if prior is None else min(prior, remaining))
+        try:
+            return bytes(self.sock.recv(size))
+        finally:
+            self.sock.settimeout(prior)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
+    """gunicorn's gthread worker with a quick shutdown (SIGQUIT, sent on the master's
+    SIGINT) that cannot deadlock, and that slow clients cannot starve (see above).
+
+    Stock gthread shuts its thread pool down inside the signal handler; when the signal
+    lands while the main thread is handing a connection to that pool, both wait on the
+    pool's lock and the worker hangs until the master kills it. Quick shutdown means
+    in-flight requests are dropped anyway, so leave without touching the pool.
+    """
+
+    def handle(self, conn: Any) -> Any:
+        if not conn.is_http2:
+            try:
+                ready = self._collect_request(conn)
+            except ssl.SSLError as exc:
+                # As gthread itself: a client that hung up is not worth a log line.
+                if exc.args[0] != ssl.SSL_ERROR_EOF:
+                    self.handle_error(None, conn.sock, conn.client, exc)
+                return False
+            except OSError as exc:
+                if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, None):
+                    self.log.exception("Socket error reading a request.")
+                elif exc.errno is None:
+                    self.handle_error(None, conn.sock, conn.client, exc)
+                return False
+            except Exception as exc:
+                self.handle_error(None, conn.sock, conn.client, exc)
+                return False
+            if ready is not True:
+                return ready
+        return super().handle(conn)
+
+    def _collect_request(self, conn: Any) -> Any:
+        """True when the request is buffered (or HTTP/2), _DEFER to wait for more without
+        a thread, False to close a connection that took too long."""
+        if not conn.initialized:
+            if not conn.wait_for_data(DEFAULT_WORKER_DATA_TIMEOUT):
+                return _DEFER
+            conn.sock.setblocking(True)
+            conn.init()  # TLS handshake, bounded by the context's handshake timeout
+            if conn.is_http2:
+                return True
+        unreader = conn.parser.unreader
+        if not isinstance(unreader.sock, _DeadlineSocket):
+            unreader.sock = _DeadlineSocket(unreader.sock)
+        started = getattr(conn, "gas_request_started", None)
+        if started is None:
+            started = conn.gas_request_started = time.monotonic()
+        buffer = unreader.buf
+        buffer.seek(0, os.SEEK_END)
+        eof = False
+        conn.sock.setblocking(False)
+        try:
+            while buffer.tell() <= _PREBUFFER_LIMIT + _HEAD_LIMIT:
+                try:
+                    data = conn.sock.recv(65536)
+                except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    break
+                if not data:
+                    eof = True
+                    break
+                buffer.write(data)
+        finally:
+            conn.sock.setblocking(True)
+        limit = getattr(self.wsgi, "config", {}).get("MAX_CONTENT_LENGTH")
+        if eof or _request_complete(buffer.getvalue(), limit):
+            conn.gas_request_started = None
+            unreader.sock.deadline = started + REQUEST_READ_TIMEOUT
+            return True
+        if time.monotonic() - started > REQUEST_READ_TIMEOUT:
+            self.log.info(
+                "closing connection from %s: no complete request in %gs",
+                conn.client,
+                REQUEST_READ_TIMEOUT,
+            )
+            return False
+        conn.data_ready = False
+        return _DEFER
+
+    def handle_quit(self, sig: int, frame: Any) -> None:
+        self.alive = False
+        self.cfg.worker_int(self)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+class _GasApplication(BaseApplication):  # type: ignore[misc]
+    """A gunicorn application configured from a dict, loading the app lazily."""
+
+    def __init__(self, app_factory: Callable[[], flask.Flask], options: dict[str, Any]) -> None:
+        self._app_factory = app_factory
+        self._options = options
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in self._options.items():
+            self.cfg.set(key, value)
+
+    def load(self) -> flask.Flask:
+        # Called by the worker (preload_app is off), after the fork.
+        app = self._app_factory()
+        # What the worker built to serve (modules, the app, with the demo cluster its whole
+        # ledger) lives as long as the worker: frozen, the collector's full passes no
+        # longer go over it, which would stall requests for hundreds of milliseconds.
+        # Objects freed later still go by reference counting.
+        gc.collect()
+        gc.freeze()
+        return app
+
+    def run(self) -> None:
+        # BaseApplication.run() with our arbiter.
+        try:
+            _SingleWorkerArbiter(self).run()
+        except RuntimeError as exc:
+            print(f"\nError: {exc}\n", file=sys.stderr)
+            sys.stderr.flush()
+            sys.exit(1)
+
+
+def _check_positive(name: str, value: float, minimum: float = 1) -> None:
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum:g}, got {value!r}")
+
+
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _log_level(value: str) -> str:
+    level = value.lower()
+    if level not in _LOG_LEVELS:
+        raise ValueError(f"unknown log level {value!r}; use one of {', '.join(_LOG_LEVELS)}")
+    return level
+
+
+def _ensure_logging(log_level: str) -> None:
+    # gunicorn configures only its own loggers. Without any handler, the app's records
+    # below WARNING would be lost; a caller that set up logging keeps its configuration.
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    logging.basicConfig(
+        level=log_level.upper(),
+        stream=sys.stderr,
+        format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S %z",
+    )
+
+
+def build_options(
+    *,
+    host: str = "0.0.0.0",
+    port: int = DEFAULT_PORT,
+    certfile: str | None = None,
+    keyfile: str | None = None,
+    cafile: str | None = None,
+    unsafe: bool = False,
+    threads: int = 8,
+    timeout: int = 30,
+    graceful_timeout: int = 20,
+    keepalive: int = 75,
+    max_request_header_bytes: int = 8190,
+    handshake_timeout: float | None = 10.0,
+    access_log: bool = False,
+    log_level: str = "info",
+    on_worker_exit: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """The gunicorn settings ``serve`` uses; validates arguments and TLS files.
+
+    Raises ``TLSConfigError`` for TLS problems and ``ValueError`` for other bad arguments,
+    before anything listens.
+    """
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port must be between 1 and 65535, got {port}")
+    _check_positive("threads", threads)
+    _check_positive("timeout", timeout)
+    _check_positive("graceful_timeout", graceful_timeout, 0)
+    _check_positive("keepalive", keepalive, 0)
+    _check_positive("max_request_header_bytes", max_request_header_bytes, 256)
+    if handshake_timeout is not None:
+        _check_positive("handshake_timeout", handshake_timeout, 0.001)
+    level = _log_level(log_level)
+
+    options: dict[str, Any] = {
+        "bind": [_bind_address(host, port)],
+        # Exactly one worker: the ledger is per process (see the module docstring).
+        "workers": 1,
+        "worker_class": f"{__name__}.QuickQuitThreadWorker",
+        "threads": threads,
+        "preload_app": False,
+        # A restarting worker would drop the ledger and its in-flight reservations.
+        "max_requests": 0,
+        "timeout": timeout,
+        "graceful_timeout": graceful_timeout,
+        "keepalive": keepalive,
+        "limit_request_line": min(max_request_header_bytes, _GUNICORN_MAX_REQUEST_LINE),
+        "limit_request_field_size": max_request_header_bytes,
+        "accesslog": "-" if access_log else None,
+        "errorlog": "-",
+        "loglevel": level,
+        "proc_name": "gas",
+        # gunicorn >= 25 opens a control socket under $HOME or $XDG_RUNTIME_DIR by default:
+        # nothing uses it here, it fails on read-only filesystems, and two servers for the
+        # same user would fight over the same path.
+        "control_socket_disable": True,
+        "worker_tmp_dir": _worker_tmp_dir(),
+        "worker_abort": _on_worker_abort,
+        "worker_exit": _make_worker_exit_hook(on_worker_exit),
+    }
+    if unsafe:
+        if certfile or keyfile or cafile:
+            log.warning("--unsafe given: serving plain HTTP, the TLS files are ignored")
+        return options
+
+    missing = [name for name, value in (("certfile", certfile), ("keyfile", keyfile)) if not value]
+    if missing or certfile is None or keyfile is None:
+        raise TLSConfigError(
+            "HTTPS needs a certificate and a key but "
+            + " and ".join(missing)
+            + (" is" if len(missing) == 1 else " are")
+            + " not set; give both, or choose plain HTTP explicitly with unsafe=True (--unsafe)"
+        )
+    # Built here, in the calling process, so that a bad file fails before gunicorn starts
+    # (gunicorn would only log it and exit); the worker inherits this context.
+    hook = _ReloadingContext(certfile, keyfile, cafile, handshake_timeout)
+    options.update(
+        {
+            # gunicorn decides "is this HTTPS" from certfile/keyfile and checks that they
+            # exist; the context itself comes from the hook.
+            "certfile": certfile,
+            "keyfile": keyfile,
+            "ca_certs": cafile,
+            "cert_reqs": ssl.CERT_REQUIRED if cafile else ssl.CERT_NONE,
+            "ciphers": TLS12_CIPHERS,
+            # The handshake runs inside wrap_socket, where ServerSSLContext bounds it in
+            # time; gunicorn's own later do_handshake() call is then skipped.
+            "do_handshake_on_connect": True,
+            "ssl_context": hook,
+        }
+    )
+    return options
+
+
+def serve(
+    app_factory: Callable[[], flask.Flask],
+    *,
+    host: str = "0.0.0.0",
+    port: int = DEFAULT_PORT,
+    certfile: str | None = None,
+    keyfile: str | None = None,
+    cafile: str | None = None,
+    unsafe: bool = False,
+    threads: int = 8,
+    timeout: int = 30,
+    graceful_timeout: int = 20,
+    keepalive: int = 75,
+    max_request_header_bytes: int = 8190,
+    handshake_timeout: float | None = 10.0,
+    access_log: bool = False,
+    log_level: str = "info",
+    on_worker_exit: Callable[[], None] | None = None,
+) -> NoReturn:
+    """Run the app under gunicorn until SIGTERM/SIGINT; never returns.
+
+    The calling process becomes the gunicorn master: call this from the main thread,
+    before starting any thread or client (they would not survive the fork). The master
+    forks one worker, which calls ``app_factory()``; build everything stateful there. If
+    the worker dies, the master starts a new one, which calls ``app_factory()`` again.
+
+    HTTPS with ``certfile``/``keyfile`` (mutual TLS when ``cafile`` is given) unless
+    ``unsafe``. ``host`` "0.0.0.0" listens on IPv4; "::" (or "[::]") on IPv6, which on
+    Linux also accepts IPv4 unless the host disables dual-stack sockets.
+
+    ``timeout``: a worker whose main loop is stuck that long is killed and replaced.
+    ``graceful_timeout``: after SIGTERM, in-flight requests get this long to finish.
+    ``keepalive``: idle seconds before a kept-alive connection is closed.
+    ``max_request_header_bytes``: limit for each header line and the request line.
+    ``handshake_timeout``: a client that does not finish the TLS handshake in time is
+    dropped, so that stalled handshakes cannot tie up the worker's threads.
+    ``on_worker_exit``: called in the worker after it stopped serving, to stop background
+    threads started by ``app_factory`` (non-daemon threads would otherwise keep the worker
+    alive until the master kills it at ``graceful_timeout``).
+
+    Exits through ``SystemExit``: 0 after a clean shutdown, 3 if the worker failed to boot
+    (``app_factory`` raised), 1 if the address cannot be bound. In the worker process,
+    ``SystemExit`` also ends the process; do not catch it around this call.
+    Raises ``TLSConfigError`` or ``ValueError`` for a bad configuration before listening.
+    """
+    _ensure_logging(_log_level(log_level))
+    options = build_options(
+        host=host,
+        port=port,
+        certfile=certfile,
+        keyfile=keyfile,
+        cafile=cafile,
+        unsafe=unsafe,
+        threads=threads,
+        timeout=timeout,
+        graceful_timeout=graceful_timeout,
+        keepalive=keepalive,
+        max_request_header_bytes=max_request_header_bytes,
+        handshake_timeout=handshake_timeout,
+        access_log=access_log,
+        log_level=log_level,
+        on_worker_exit=on_worker_exit,
+    )
+    if unsafe:
+        log.warning(
+            "serving plain HTTP on %s: no TLS, no client authentication", options["bind"][0]
+        )
+    _GasApplication(app_factory, options).run()
+    # Arbiter.run() always leaves through sys.exit(); this is for the type checker.
+    raise SystemExit(0)  # pragma: no cover

@@ -1,0 +1,220 @@
+"""`gas certs`: a small private PKI for gas and kube-scheduler.
+
+kube-scheduler can authenticate to an extender only with a client certificate, and it
+checks gas's server certificate only against a CA it is given. One private CA covers
+both directions: gas trusts it for client certificates (`--cacert`), kube-scheduler
+trusts it for the server certificate (`tlsConfig.caFile`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+
+DEFAULT_DNS = ("gas-extender.gas-system.svc", "gas-extender.gas-system.svc.cluster.local")
+# tlsConfig.serverName in extender-configuration/scheduler-config.yaml.
+SCHEDULER_SERVER_NAME = "gas-extender.gas-system.svc"
+# Where extender-configuration/scheduler-config.yaml expects kube-scheduler's files.
+NODE_CERT_DIR = "/etc/kubernetes/gas"
+CLIENT_COMMON_NAME = "kube-scheduler"
+CA_COMMON_NAME = "gas CA"
+FILE_NAMES = ("ca.crt", "ca.key", "tls.crt", "tls.key", "client.crt", "client.key")
+MAX_DAYS = 36500
+
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_DNS_NAME = re.compile(rf"^(\*\.)?{_LABEL}(\.{_LABEL})*\.?$")
+
+
+class CertsError(Exception):
+    """A problem the user can fix; the message is printed as is."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    out: str
+    dns_names: tuple[str, ...]
+    ip_addresses: tuple[str, ...]
+    days: int
+    ca_days: int
+    key_type: str
+    force: bool
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.out, name)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Generate a CA (ca.crt, ca.key), gas's server certificate (tls.crt, tls.key) and "
+        "kube-scheduler's client certificate (client.crt, client.key) in one directory."
+    )
+    parser.add_argument("--out", required=True, metavar="DIR", help="directory to write into")
+    parser.add_argument(
+        "--dns",
+        nargs="+",
+        action="extend",
+        metavar="NAME",
+        help=(
+            "DNS names of gas's server certificate (default: "
+            + ", ".join(DEFAULT_DNS)
+            + "); IP addresses given here are added as IP addresses"
+        ),
+    )
+    parser.add_argument(
+        "--ip",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="IP",
+        help="IP addresses of gas's server certificate (e.g. the Service's ClusterIP)",
+    )
+    parser.add_argument(
+        "--days", type=int, default=365, help="validity of the server and client certificates"
+    )
+    parser.add_argument("--caDays", type=int, default=3650, help="validity of the CA (3650)")
+    parser.add_argument(
+        "--keyType", choices=("ec", "rsa"), default="ec", help="ec (P-256, default) or rsa (2048)"
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="overwrite files that already exist in --out"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        plan = _plan(args)
+        _check_targets(plan)
+        written = _generate(plan)
+    except CertsError as exc:
+        print(f"gas certs: {exc}", file=sys.stderr)
+        return 1
+    _report(plan, written)
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> Plan:
+    dns: list[str] = []
+    ips: list[str] = []
+    for name in args.dns if args.dns is not None else DEFAULT_DNS:
+        candidate = name.strip()
+        try:
+            ips.append(str(ipaddress.ip_address(candidate.strip("[]"))))
+            continue
+        except ValueError:
+            pass
+        if len(candidate) > 253 or not _DNS_NAME.match(candidate):
+            raise CertsError(f"--dns {name!r} is not a valid DNS name")
+        dns.append(candidate.rstrip(".").lower())
+    for address in args.ip:
+        try:
+            ips.append(str(ipaddress.ip_address(address.strip().strip("[]"))))
+        except ValueError:
+            raise CertsError(f"--ip {address!r} is not an IP address") from None
+    if not 1 <= args.days <= MAX_DAYS:
+        raise CertsError(f"--days must be between 1 and {MAX_DAYS}, not {args.days}")
+    if not 1 <= args.caDays <= MAX_DAYS:
+        raise CertsError(f"--caDays must be between 1 and {MAX_DAYS}, not {args.caDays}")
+    if args.caDays < args.days:
+        # Verification fails once the CA expires, whatever the leaf says.
+        raise CertsError(f"--caDays ({args.caDays}) must be at least --days ({args.days})")
+    return Plan(
+        out=args.out,
+        dns_names=tuple(dict.fromkeys(dns)),
+        ip_addresses=tuple(dict.fromkeys(ips)),
+        days=args.days,
+        ca_days=args.caDays,
+        key_type=args.keyType,
+        force=args.force,
+    )
+
+
+def _check_targets(plan: Plan) -> None:
+    """Fail before writing anything, so a refusal never leaves a half-replaced set."""
+    if os.path.exists(plan.out) and not os.path.isdir(plan.out):
+        raise CertsError(f"--out {plan.out} exists and is not a directory")
+    if plan.force:
+        return
+    existing = [plan.path(name) for name in FILE_NAMES if os.path.lexists(plan.path(name))]
+    if existing:
+        raise CertsError(
+            f"{', '.join(existing)} already exist{'s' if len(existing) == 1 else ''}; "
+            "nothing was written (use --force to replace them)"
+        )
+
+
+def _generate(plan: Plan) -> list[tuple[str, str]]:
+    from gas.serving import tls
+
+    key_type: tls.KeyType = "rsa" if plan.key_type == "rsa" else "ec"
+    ca_cert, ca_key = tls.new_ca(CA_COMMON_NAME, plan.ca_days, key_type=key_type)
+    server_cert, server_key = tls.issue_certificate(
+        ca_cert,
+        ca_key,
+        plan.dns_names[0] if plan.dns_names else plan.ip_addresses[0],
+        plan.dns_names,
+        plan.ip_addresses,
+        server=True,
+        client=False,
+        days=plan.days,
+        key_type=key_type,
+    )
+    client_cert, client_key = tls.issue_certificate(
+        ca_cert,
+        ca_key,
+        CLIENT_COMMON_NAME,
+        server=False,
+        client=True,
+        days=plan.days,
+        key_type=key_type,
+    )
+    names = ", ".join([*plan.dns_names, *plan.ip_addresses])
+    until = server_cert.not_valid_after_utc.date().isoformat()
+    outputs = [
+        ("ca.key", ca_key, "CA key: keep it offline, nothing in the cluster needs it"),
+        ("ca.crt", ca_cert, f"CA certificate, valid until {ca_cert.not_valid_after_utc.date()}"),
+        ("tls.key", server_key, "gas's server key"),
+        ("tls.crt", server_cert, f"gas's server certificate for {names}, valid until {until}"),
+        ("client.key", client_key, "kube-scheduler's client key"),
+        (
+            "client.crt",
+            client_cert,
+            f"kube-scheduler's client certificate (CN {CLIENT_COMMON_NAME}), valid until {until}",
+        ),
+    ]
+    try:
+        os.makedirs(plan.out, mode=0o700, exist_ok=True)
+        for name, obj, _ in outputs:
+            tls.write_pem(plan.path(name), obj)
+    except OSError as exc:
+        raise CertsError(f"cannot write to {plan.out}: {exc.strerror or exc}") from None
+    return [(plan.path(name), what) for name, _, what in outputs]
+
+
+def _report(plan: Plan, written: list[tuple[str, str]]) -> None:
+    for path, what in written:
+        print(f"wrote {path}  ({what})")
+    q = {name: shlex.quote(plan.path(name)) for name in FILE_NAMES}
+    print()
+    print("Next steps:")
+    print("1. Give gas its certificate (the Secret gas-tls that gas's Deployment mounts):")
+    print(
+        "   kubectl -n gas-system create secret generic gas-tls "
+        f"--from-file={q['tls.crt']} --from-file={q['tls.key']} --from-file={q['ca.crt']}"
+    )
+    print(
+        f"2. Copy ca.crt, client.crt and client.key to {NODE_CERT_DIR}/ on every "
+        "control-plane node (the paths in extender-configuration/scheduler-config.yaml):"
+    )
+    print(f"   sudo install -d -m 0700 {NODE_CERT_DIR}")
+    print(f"   sudo install -m 0644 {q['ca.crt']} {q['client.crt']} {NODE_CERT_DIR}/")
+    print(f"   sudo install -m 0600 {q['client.key']} {NODE_CERT_DIR}/")
+    if SCHEDULER_SERVER_NAME not in plan.dns_names:
+        print(
+            f"Note: the server certificate does not name {SCHEDULER_SERVER_NAME}; set "
+            "tlsConfig.serverName in the scheduler configuration to one of its names."
+        )

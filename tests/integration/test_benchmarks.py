@@ -1,0 +1,73 @@
+"""The benchmark runner runs end to end at its smoke size and prints well-formed tables.
+
+Only the shape of the output is checked: figures depend on the machine, and speed goals
+belong to the benchmarks, not to the tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tables(text: str) -> list[list[list[str]]]:
+    """The Markdown tables of `text`: rows of cells, the separator row left out."""
+    found: list[list[list[str]]] = []
+    current: list[list[str]] = []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            if not all(set(cell) <= set("-:") for cell in cells):
+                current.append(cells)
+        elif current:
+            found.append(current)
+            current = []
+    return found
+
+
+def number(cell: str) -> float:
+    return float(cell.replace(",", "").removesuffix("%"))
+
+
+def test_quick_run_prints_every_table(tmp_path: Path) -> None:
+    figures = tmp_path / "figures.json"
+    env = dict(os.environ)
+    env.pop("KUBECONFIG", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--quick", "--json", str(figures)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = tables(done.stdout)
+    headers = [table[0] for table in found]
+    assert [h[:2] for h in headers] == [
+        ["nodes", "cards"],
+        ["nodes", "pods"],
+        ["observe_pod s", "replace_pods s"],
+    ], done.stdout
+
+    http = found[0]
+    assert "filter p99 ms" in http[0] and "bind p99 ms" in http[0] and "bind/s" in http[0]
+    assert len(http) == 2  # the one quick scenario
+    for table in found:
+        for row in table[1:]:
+            assert len(row) == len(table[0]), row
+            for cell in row:
+                assert number(cell) >= 0, (table[0], row)
+    assert "calls/s" in done.stdout
+
+    report = json.loads(figures.read_text())
+    assert set(report) >= {"scenarios", "production_memory", "rebuild", "allocator_calls_per_s"}
+    scenario = report["scenarios"][0]
+    assert scenario["nodes"] == 50
+    assert scenario["filter_p99_ms"] >= scenario["filter_p50_ms"] > 0
+    assert report["rebuild"]["pods"] > 0

@@ -1,0 +1,329 @@
+"""`gas certs`: the files it writes form a working PKI for gas and kube-scheduler, proven
+with certificate verification and a real mutual-TLS handshake against `gas serve`."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import shutil
+import socket
+import ssl
+import stat
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import requests
+from cryptography import x509
+from cryptography.x509 import DNSName, IPAddress
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.verification import PolicyBuilder, Store
+
+from gas import cli
+from gas.serving import tls
+from gas.tools.certs import DEFAULT_DNS, FILE_NAMES
+from tests.support.gasproc import GasProcess, TLSFiles
+
+KEYS = ("ca.key", "tls.key", "client.key")
+CERTS = ("ca.crt", "tls.crt", "client.crt")
+
+
+def run_certs(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    status = cli.main(["certs", *args])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def load(directory: Path, name: str) -> x509.Certificate:
+    return x509.load_pem_x509_certificate((directory / name).read_bytes())
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One default run (plus --ip 127.0.0.1 for the handshake tests), shared by the checks."""
+    out = tmp_path_factory.mktemp("certs") / "out"
+    assert cli.main(["certs", "--out", str(out), "--ip", "127.0.0.1"]) == 0
+    return out
+
+
+def test_writes_the_six_files_with_private_keys_0600(generated: Path) -> None:
+    assert sorted(p.name for p in generated.iterdir()) == sorted(FILE_NAMES)
+    for name in KEYS:
+        assert stat.S_IMODE((generated / name).stat().st_mode) == 0o600, name
+        tls.load_private_key(str(generated / name))
+    for name in CERTS:
+        assert stat.S_IMODE((generated / name).stat().st_mode) == 0o644, name
+    # The output directory itself holds keys: not listable by others.
+    assert stat.S_IMODE(generated.stat().st_mode) == 0o700
+
+
+def test_server_certificate_chains_to_the_ca_for_its_names(generated: Path) -> None:
+    ca = load(generated, "ca.crt")
+    server = load(generated, "tls.crt")
+    store = Store([ca])
+    for name in DEFAULT_DNS:
+        verifier = PolicyBuilder().store(store).build_server_verifier(DNSName(name))
+        chain = verifier.verify(server, [])
+        assert chain[-1] == ca
+    by_ip = (
+        PolicyBuilder()
+        .store(store)
+        .build_server_verifier(IPAddress(ipaddress.ip_address("127.0.0.1")))
+    )
+    by_ip.verify(server, [])
+    sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == list(DEFAULT_DNS)
+    assert sans.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1")]
+    usage = server.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [ExtendedKeyUsageOID.SERVER_AUTH]
+
+
+def test_client_certificate_is_kube_scheduler_for_client_auth(generated: Path) -> None:
+    ca = load(generated, "ca.crt")
+    client = load(generated, "client.crt")
+    # cryptography's client verifier follows the web PKI and wants a SAN; Go and OpenSSL,
+    # which do the real checks, do not. Check the signature and the validity instead.
+    client.verify_directly_issued_by(ca)
+    now = datetime.datetime.now(datetime.UTC)
+    assert client.not_valid_before_utc <= now < client.not_valid_after_utc
+    common_name = client.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+    assert common_name == "kube-scheduler"
+    usage = client.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    # A client certificate must not be usable to impersonate gas.
+    with pytest.raises(x509.ExtensionNotFound):
+        client.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+
+
+def test_ca_is_a_ca_that_outlives_the_certificates(generated: Path) -> None:
+    ca = load(generated, "ca.crt")
+    constraints = ca.extensions.get_extension_for_class(x509.BasicConstraints).value
+    assert constraints.ca is True
+    for name in ("tls.crt", "client.crt"):
+        leaf = load(generated, name)
+        assert leaf.issuer == ca.subject
+        assert leaf.not_valid_after_utc <= ca.not_valid_after_utc
+        days = (leaf.not_valid_after_utc - datetime.datetime.now(datetime.UTC)).days
+        assert 363 <= days <= 365
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
+def test_openssl_verifies_the_chain_and_purposes(generated: Path) -> None:
+    def verify(purpose: str, name: str) -> subprocess.CompletedProcess[str]:
+        command = ["openssl", "verify", "-purpose", purpose, "-CAfile", str(generated / "ca.crt")]
+        return subprocess.run(
+            [*command, str(generated / name)], capture_output=True, text=True, check=False
+        )
+
+    for name, purpose in (("tls.crt", "sslserver"), ("client.crt", "sslclient")):
+        result = verify(purpose, name)
+        assert result.returncode == 0, result.stdout + result.stderr
+    assert verify("sslserver", "client.crt").returncode != 0
+
+
+def test_prints_the_files_and_the_follow_up_commands(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = run_certs(capsys, "--out", str(tmp_path / "pki"))
+    assert status == 0 and err == ""
+    for name in FILE_NAMES:
+        assert f"wrote {tmp_path / 'pki' / name}" in out
+    assert (
+        "kubectl -n gas-system create secret generic gas-tls "
+        f"--from-file={tmp_path / 'pki' / 'tls.crt'} --from-file={tmp_path / 'pki' / 'tls.key'} "
+        f"--from-file={tmp_path / 'pki' / 'ca.crt'}"
+    ) in out
+    assert "/etc/kubernetes/gas/" in out
+    # The paths the shipped scheduler configuration reads.
+    config = (
+        Path(__file__).resolve().parents[2] / "extender-configuration" / "scheduler-config.yaml"
+    )
+    for name in ("ca.crt", "client.crt", "client.key"):
+        assert f"/etc/kubernetes/gas/{name}" in config.read_text()
+        assert str(tmp_path / "pki" / name) in out.split("2.", 1)[1]
+
+
+def test_custom_names_days_and_rsa(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run_certs(
+        capsys,
+        "--out",
+        str(tmp_path),
+        "--dns",
+        "gas.example.com",
+        "10.96.0.50",
+        "--dns",
+        "gas.internal",
+        "--ip",
+        "::1",
+        "--days",
+        "30",
+        "--keyType",
+        "rsa",
+    )
+    assert status == 0
+    server = load(tmp_path, "tls.crt")
+    sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["gas.example.com", "gas.internal"]
+    # An IP address given to --dns becomes an IP SAN, where a client looks for it.
+    assert sans.get_values_for_type(x509.IPAddress) == [
+        ipaddress.ip_address("10.96.0.50"),
+        ipaddress.ip_address("::1"),
+    ]
+    days = (server.not_valid_after_utc - server.not_valid_before_utc).days
+    assert days == 30
+    assert "serverName" in out  # the shipped config's name is not in the certificate
+
+
+def test_refuses_to_overwrite_without_force_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "tls.key").write_text("precious")
+    status, out, err = run_certs(capsys, "--out", str(tmp_path))
+    assert status == 1 and out == ""
+    assert err.count("\n") == 1 and "tls.key" in err and "--force" in err
+    assert snapshot(tmp_path) == {"tls.key": b"precious"}
+
+
+def test_existing_set_is_left_alone_until_force(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_certs(capsys, "--out", str(tmp_path))[0] == 0
+    before = snapshot(tmp_path)
+    status, _, err = run_certs(capsys, "--out", str(tmp_path), "--dns", "other.example")
+    assert status == 1 and "already exist" in err
+    assert snapshot(tmp_path) == before
+    status, _, err = run_certs(capsys, "--out", str(tmp_path), "--force")
+    assert status == 0 and err == ""
+    after = snapshot(tmp_path)
+    assert set(after) == set(before)
+    assert all(after[name] != before[name] for name in FILE_NAMES)
+    assert stat.S_IMODE((tmp_path / "ca.key").stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize(
+    ("args", "complaint"),
+    [
+        (["--ip", "not-an-ip"], "--ip 'not-an-ip' is not an IP address"),
+        (["--dns", "bad name"], "not a valid DNS name"),
+        (["--days", "0"], "--days must be between"),
+        (["--days", "400", "--caDays", "100"], "--caDays (100) must be at least --days (400)"),
+    ],
+)
+def test_bad_arguments_get_one_line_and_no_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], complaint: str
+) -> None:
+    status, out, err = run_certs(capsys, "--out", str(tmp_path / "pki"), *args)
+    assert status == 1 and out == ""
+    assert err.startswith("gas certs: ") and err.count("\n") == 1 and complaint in err
+    assert not (tmp_path / "pki").exists()
+
+
+def test_out_must_be_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "file"
+    target.write_text("x")
+    status, _, err = run_certs(capsys, "--out", str(target))
+    assert status == 1 and "not a directory" in err and "Traceback" not in err
+
+
+# ----------------------------------------------------------------------------------------
+# A real handshake: gas serve with the generated files, clients as kube-scheduler would be
+# ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def served(generated: Path, start_gas: Callable[..., GasProcess]) -> GasProcess:
+    files = TLSFiles(
+        ca=str(generated / "ca.crt"),
+        server_cert=str(generated / "tls.crt"),
+        server_key=str(generated / "tls.key"),
+        client_cert=str(generated / "client.crt"),
+        client_key=str(generated / "client.key"),
+    )
+    process = start_gas(["--demo"], tls=files)
+    # The process's session presents client.crt and checks the server against ca.crt
+    # (hostname 127.0.0.1, the --ip SAN).
+    process.wait_ready()
+    return process
+
+
+@pytest.mark.timeout(60)
+def test_gas_accepts_the_generated_client_certificate(served: GasProcess) -> None:
+    response = served.session.get(served.url + "/healthz", timeout=5)
+    assert response.status_code == 200
+    reply = served.post(
+        "/scheduler/filter",
+        {
+            "Pod": {"metadata": {"name": "p", "namespace": "default", "uid": "u"}, "spec": {}},
+            "NodeNames": ["demo-1card"],
+        },
+    )
+    assert reply.status_code == 200
+
+
+@pytest.mark.timeout(60)
+def test_gas_refuses_a_client_without_certificate(served: GasProcess, generated: Path) -> None:
+    session = requests.Session()
+    session.trust_env = False  # REQUESTS_CA_BUNDLE would replace verify=
+    session.verify = str(generated / "ca.crt")
+    with pytest.raises((requests.exceptions.SSLError, requests.exceptions.ConnectionError)):
+        session.get(served.url + "/healthz", timeout=5)
+    # The same session with the certificate gets in: the refusal was about the certificate.
+    session.cert = (str(generated / "client.crt"), str(generated / "client.key"))
+    assert session.get(served.url + "/healthz", timeout=5).status_code == 200
+    session.close()
+
+
+@pytest.mark.timeout(60)
+def test_gas_refuses_a_client_certificate_from_another_ca(
+    served: GasProcess, tmp_path: Path
+) -> None:
+    other_ca, other_key = tls.new_ca("not gas's CA")
+    cert, key = tls.issue_certificate(
+        other_ca, other_key, "kube-scheduler", server=False, client=True
+    )
+    tls.write_pem(tmp_path / "c.crt", cert)
+    tls.write_pem(tmp_path / "c.key", key)
+    session = requests.Session()
+    session.trust_env = False
+    session.verify = served.tls.ca if served.tls else False
+    session.cert = (str(tmp_path / "c.crt"), str(tmp_path / "c.key"))
+    with pytest.raises((requests.exceptions.SSLError, requests.exceptions.ConnectionError)):
+        session.get(served.url + "/healthz", timeout=5)
+    session.close()
+
+
+def _handshake(served: GasProcess, generated: Path, server_hostname: str) -> ssl.SSLSocket:
+    context = ssl.create_default_context(cafile=str(generated / "ca.crt"))
+    context.load_cert_chain(str(generated / "client.crt"), str(generated / "client.key"))
+    raw = socket.create_connection(("127.0.0.1", served.port), timeout=5)
+    try:
+        return context.wrap_socket(raw, server_hostname=server_hostname)
+    except BaseException:
+        raw.close()
+        raise
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", DEFAULT_DNS)
+def test_server_verifies_under_its_service_names(
+    served: GasProcess, generated: Path, name: str
+) -> None:
+    """What kube-scheduler does with tlsConfig.caFile and serverName."""
+    with _handshake(served, generated, name) as sock:
+        peer = sock.getpeercert()
+        assert peer is not None and ("DNS", name) in peer["subjectAltName"]
+        sock.sendall(f"GET /healthz HTTP/1.1\r\nHost: {name}\r\nConnection: close\r\n\r\n".encode())
+        assert sock.recv(64).startswith(b"HTTP/1.1 200")
+
+
+@pytest.mark.timeout(60)
+def test_server_is_rejected_under_a_name_it_does_not_carry(
+    served: GasProcess, generated: Path
+) -> None:
+    with pytest.raises(ssl.SSLCertVerificationError):
+        _handshake(served, generated, "gas-extender.default.svc").close()

@@ -1,0 +1,231 @@
+"""Least privilege: gas lives its whole life on exactly the RBAC that deploy/ grants it.
+
+The API-server double enforces the rules that deploy/rbac.yaml (and any other manifest in
+deploy/) binds to the `gas` ServiceAccount, answering 403 Forbidden with a real
+`kind: Status` body to anything else. gas then starts, lists and watches, filters, binds,
+emits events and sets deschedule labels; the double must never have refused a request.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+import yaml
+
+from gas.core.model import ANNOTATION_CARDS, LABEL_DESCHEDULE_POD
+from tests.conftest import ledger_of, wait_for, wait_for_nodes
+from tests.support.apiserver import (
+    ApiServerDouble,
+    RbacGrant,
+    RbacRequest,
+    rbac_grants_from_manifests,
+)
+from tests.support.gasproc import GasProcess, TLSFiles
+from tests.support.objects import container, gpu_node, gpu_pod
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICE_ACCOUNT = ("gas-system", "gas")
+DESCHEDULE_CARD0 = "telemetry.aware.scheduling.policy/gas-deschedule-pods-card0"
+
+
+def deploy_grants() -> list[RbacGrant]:
+    documents: list[Any] = []
+    for path in sorted((ROOT / "deploy").glob("*.yaml")):
+        documents.extend(yaml.safe_load_all(path.read_text()))
+    return rbac_grants_from_manifests(documents, SERVICE_ACCOUNT)
+
+
+@pytest.fixture
+def enforcing() -> Iterator[ApiServerDouble]:
+    with ApiServerDouble(rbac=deploy_grants()) as double:
+        yield double
+
+
+def core_api(double: ApiServerDouble, tmp_path: Path) -> kubernetes.client.CoreV1Api:
+    config = double.write_kubeconfig(tmp_path / "client-kubeconfig")
+    return kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(config_file=config))
+
+
+# ------------------------------------------------------------------ the double bites
+
+
+def test_grants_are_read_from_the_manifests() -> None:
+    grants = deploy_grants()
+    assert grants, "deploy/ binds no rules to the gas ServiceAccount"
+    bind = RbacRequest("create", "", "pods", "binding", "default", "p")
+    assert any(g.allows(bind) for g in grants)
+    # A ServiceAccount of the same name elsewhere is not bound.
+    assert (
+        rbac_grants_from_manifests(
+            yaml.safe_load_all((ROOT / "deploy" / "rbac.yaml").read_text()), ("other", "gas")
+        )
+        == []
+    )
+
+
+def test_enforcing_double_refuses_what_is_not_granted(
+    enforcing: ApiServerDouble, tmp_path: Path
+) -> None:
+    enforcing.add_pod(gpu_pod("victim"))
+    api = core_api(enforcing, tmp_path)
+    # Granted: reading pods.
+    victim = api.read_namespaced_pod("victim", "default")
+    assert victim.metadata is not None and victim.metadata.name == "victim"
+    refused = [
+        lambda: api.delete_namespaced_pod("victim", "default"),
+        lambda: api.create_namespaced_pod("default", gpu_pod("new")),  # type: ignore[arg-type]
+        lambda: api.patch_namespaced_pod_status("victim", "default", {"status": {}}),
+        lambda: api.list_namespaced_event("default"),
+        lambda: api.patch_node("n1", {"metadata": {"labels": {"x": "y"}}}),
+    ]
+    for call in refused:
+        with pytest.raises(kubernetes.client.ApiException) as caught:
+            call()
+        assert caught.value.status == 403
+        status = json.loads(caught.value.body or "{}")
+        assert status["kind"] == "Status"
+        assert status["reason"] == "Forbidden"
+        assert status["code"] == 403
+        assert "system:serviceaccount:gas-system:gas" in status["message"]
+    verbs = [(d.verb, d.resource_path) for d in enforcing.denied]
+    assert verbs == [
+        ("delete", "pods"),
+        ("create", "pods"),
+        ("patch", "pods/status"),
+        ("list", "events"),
+        ("patch", "nodes"),
+    ]
+    # The pod was not deleted.
+    assert enforcing.get_pod("default", "victim") is not None
+
+
+def test_watch_and_list_are_separate_verbs() -> None:
+    only_list = RbacGrant(frozenset({"list"}), frozenset({""}), frozenset({"pods"}))
+    assert only_list.allows(RbacRequest("list", "", "pods", "", "", ""))
+    assert not only_list.allows(RbacRequest("watch", "", "pods", "", "", ""))
+    # A grant on pods does not cover its subresources, nor another API group.
+    assert not only_list.allows(RbacRequest("list", "", "pods", "binding", "", ""))
+    assert not only_list.allows(RbacRequest("list", "apps", "pods", "", "", ""))
+    scoped = RbacGrant(
+        frozenset({"get"}), frozenset({"coordination.k8s.io"}), frozenset({"leases"}), namespace="x"
+    )
+    assert scoped.allows(RbacRequest("get", "coordination.k8s.io", "leases", "", "x", "gas"))
+    assert not scoped.allows(RbacRequest("get", "coordination.k8s.io", "leases", "", "y", "gas"))
+
+
+# ------------------------------------------------------------------ gas's whole life
+
+
+def test_gas_runs_its_whole_life_on_the_granted_rbac(
+    enforcing: ApiServerDouble, tmp_path: Path, tls_files: TLSFiles
+) -> None:
+    api = enforcing
+    api.add_node(gpu_node("n1", "0.1.2.3", i915="4", memory_max="32Gi"))
+    api.add_node(gpu_node("small", "0", i915="1", memory_max="1Gi"))
+    running = gpu_pod(
+        "running",
+        namespace="team-a",
+        node="n1",
+        annotations={ANNOTATION_CARDS: "card0"},
+        phase="Running",
+    )
+    api.add_pod(running)
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    gas = GasProcess(["--kubeConfig", kubeconfig, "--v", "5"], tmp_path / "gas.log", tls_files)
+    try:
+        gas.wait_ready()
+        wait_for_nodes(gas, "n1", "small")
+
+        # filter then bind, with the pod remembered from filter
+        pending = api.add_pod(gpu_pod("fits", container(i915="1", memory_max="1Gi")))
+        reply = filter_call(gas, pending, ["n1", "small"])
+        assert reply["NodeNames"] == ["n1", "small"]
+        assert gas.bind(pending, "n1") == ""
+
+        # bind without a filter: gas reads the pod itself (get pods)
+        direct = api.add_pod(gpu_pod("direct", namespace="team-b"))
+        assert gas.bind(direct, "n1") == ""
+
+        # no fit anywhere: a Warning event; a failed bind: another event
+        huge = api.add_pod(gpu_pod("huge", container(i915="8")))
+        reply = filter_call(gas, huge, ["n1", "small"])
+        assert reply["NodeNames"] == []
+        assert gas.bind(huge, "small") != ""
+        wait_for(lambda: len(api.events) >= 3, what="gas's events")
+
+        # deschedule: a node policy label makes gas label the pods on that card
+        node = gpu_node("n1", "0.1.2.3", i915="4", memory_max="32Gi")
+        node["metadata"]["labels"][DESCHEDULE_CARD0] = "true"
+        api.put_node(node)
+
+        def labelled() -> bool:
+            pod = api.get_pod("team-a", "running")
+            assert pod is not None
+            return LABEL_DESCHEDULE_POD in (pod["metadata"].get("labels") or {})
+
+        wait_for(labelled, what="the deschedule label")
+        assert ledger_of(gas)["nodes"]
+        time.sleep(0.3)  # let any trailing request (event patch, rewatch) land
+    finally:
+        gas.stop()
+
+    methods = {(m, p.split("?")[0]) for m, p in api.request_targets}
+    # gas really did each kind of call this test is about
+    assert any(m == "GET" and p == "/api/v1/nodes" for m, p in methods)
+    assert any(m == "GET" and p == "/api/v1/pods" for m, p in methods)
+    assert any("watch=" in t for m, t in api.request_targets if m == "GET")
+    assert any(m == "POST" and p.endswith("/binding") for m, p in methods)
+    assert any(m == "GET" and p == "/api/v1/namespaces/team-b/pods/direct" for m, p in methods)
+    assert any(m == "POST" and p.endswith("/events") for m, p in methods)
+    assert any(m == "PATCH" and p == "/api/v1/namespaces/team-a/pods/running" for m, p in methods)
+    assert api.denied == [], f"gas needed more than deploy/ grants: {api.denied}"
+    assert "Forbidden" not in gas.log() and '" 403 ' not in gas.log()
+
+
+def test_leader_election_leases_are_granted(
+    enforcing: ApiServerDouble, tmp_path: Path, tls_files: TLSFiles
+) -> None:
+    from gas.cluster.leader import LEASE_NAME
+
+    grants = deploy_grants()
+    for verb, name in (("get", LEASE_NAME), ("update", LEASE_NAME), ("create", "")):
+        request = RbacRequest(verb, "coordination.k8s.io", "leases", "", "gas-system", name)
+        assert any(g.allows(request) for g in grants), f"{verb} leases is not granted"
+    # Only gas's own Lease, only in gas's namespace.
+    other = RbacRequest("update", "coordination.k8s.io", "leases", "", "gas-system", "other")
+    assert not any(g.allows(other) for g in grants)
+
+    enforcing.add_node(gpu_node("n1", "0.1", i915="2"))
+    kubeconfig = enforcing.write_kubeconfig(tmp_path / "kubeconfig")
+    gas = GasProcess(
+        ["--kubeConfig", kubeconfig, "--leaderElect", "--leaderElectNamespace", "gas-system"],
+        tmp_path / "gas.log",
+        tls_files,
+    )
+    try:
+        gas.wait_ready()  # ready only once it holds the Lease
+        pod = enforcing.add_pod(gpu_pod("p"))
+        assert filter_call(gas, pod, ["n1"])["NodeNames"] == ["n1"]
+        assert gas.bind(pod, "n1") == ""
+    finally:
+        gas.stop(signal.SIGTERM)  # a graceful stop releases the Lease (an update)
+    leases = [(m, p) for m, p in enforcing.requests if "/leases" in p]
+    assert any(m == "POST" for m, _ in leases) or any(m == "PUT" for m, _ in leases)
+    assert enforcing.denied == [], f"leader election needed more RBAC: {enforcing.denied}"
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def filter_call(gas: GasProcess, pod: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
+    response = gas.post("/scheduler/filter", {"Pod": pod, "NodeNames": nodes})
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body

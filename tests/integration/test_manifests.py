@@ -1,0 +1,544 @@
+"""The shipped scheduler configuration and manifests agree with the code and with the
+rules kube-scheduler, kustomize and the API server apply to them."""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+from kubernetes import client
+
+from gas.cluster.demo import DemoCluster, load_demo_file
+from gas.cluster.leader import LEASE_NAME
+from gas.core.ledger import Ledger
+from gas.serving.extender import create_app
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+KUSTOMIZATION = DEPLOY / "kustomization.yaml"
+NAMESPACE = "gas-system"
+# Fields of an extender entry in kubescheduler.config.k8s.io/v1 (strictly decoded).
+V1_EXTENDER_FIELDS = {
+    "urlPrefix",
+    "filterVerb",
+    "preemptVerb",
+    "prioritizeVerb",
+    "bindVerb",
+    "weight",
+    "enableHTTPS",
+    "tlsConfig",
+    "httpTimeout",
+    "nodeCacheCapable",
+    "managedResources",
+    "ignorable",
+}
+TLS_FIELDS = {
+    "insecure",
+    "serverName",
+    "certFile",
+    "keyFile",
+    "caFile",
+    "certData",
+    "keyData",
+    "caData",
+}
+DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$")
+# The fields of kustomize.config.k8s.io/v1beta1 Kustomization (kustomize v5).
+KUSTOMIZATION_FIELDS = {
+    "apiVersion",
+    "kind",
+    "metadata",
+    "resources",
+    "components",
+    "namespace",
+    "namePrefix",
+    "nameSuffix",
+    "labels",
+    "commonLabels",
+    "commonAnnotations",
+    "images",
+    "replicas",
+    "patches",
+    "patchesStrategicMerge",
+    "patchesJson6902",
+    "configMapGenerator",
+    "secretGenerator",
+    "generatorOptions",
+    "replacements",
+    "vars",
+    "crds",
+    "openapi",
+    "buildMetadata",
+    "sortOptions",
+    "configurations",
+    "generators",
+    "transformers",
+    "validators",
+    "helmCharts",
+    "helmGlobals",
+}
+CLUSTER_SCOPED_KINDS = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "PriorityClass",
+    "CustomResourceDefinition",
+    "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
+}
+WORKLOAD_KINDS = {"Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job"}
+
+
+def load_all(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def manifest_files() -> list[Path]:
+    return sorted(p for p in DEPLOY.glob("*.yaml") if p != KUSTOMIZATION)
+
+
+def all_documents() -> Iterator[tuple[str, int, dict[str, Any]]]:
+    for path in manifest_files():
+        for index, doc in enumerate(load_all(path)):
+            yield path.name, index, doc
+
+
+def find(kind: str, name: str) -> dict[str, Any]:
+    found = [
+        d for _, _, d in all_documents() if d["kind"] == kind and d["metadata"]["name"] == name
+    ]
+    assert len(found) == 1, f"{kind} {name}: {len(found)} documents in deploy/"
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def scheduler_config() -> dict[str, Any]:
+    (config,) = load_all(ROOT / "extender-configuration" / "scheduler-config.yaml")
+    return config
+
+
+@pytest.fixture(scope="module")
+def kustomization() -> dict[str, Any]:
+    (document,) = load_all(KUSTOMIZATION)
+    return document
+
+
+# ------------------------------------------------------------------ scheduler configuration
+
+
+def test_scheduler_config_is_valid_v1(scheduler_config: dict[str, Any]) -> None:
+    assert scheduler_config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert scheduler_config["kind"] == "KubeSchedulerConfiguration"
+    assert scheduler_config["clientConnection"]["kubeconfig"]
+    (extender,) = scheduler_config["extenders"]
+    assert set(extender) <= V1_EXTENDER_FIELDS
+    assert set(extender["tlsConfig"]) <= TLS_FIELDS
+    assert DURATION.match(extender["httpTimeout"])
+    assert urlparse(extender["urlPrefix"]).scheme == "https"
+    assert not (extender["tlsConfig"].get("insecure") and extender["tlsConfig"].get("caFile"))
+    assert extender["nodeCacheCapable"] is True
+    assert {r["name"] for r in extender["managedResources"]} == {
+        "gpu.intel.com/i915",
+        "gpu.intel.com/xe",
+    }
+    assert "prioritizeVerb" not in extender or extender.get("weight", 0) > 0
+
+
+def test_scheduler_config_verbs_are_routes_gas_serves(scheduler_config: dict[str, Any]) -> None:
+    ledger = Ledger()
+    app = create_app(ledger, DemoCluster(ledger, load_demo_file(None)))
+    routes = {rule.rule: rule.methods or set() for rule in app.url_map.iter_rules()}
+    (extender,) = scheduler_config["extenders"]
+    for verb in ("filterVerb", "prioritizeVerb", "preemptVerb", "bindVerb"):
+        path = urlparse(extender["urlPrefix"].rstrip("/") + "/" + extender[verb]).path
+        assert "POST" in routes[path], path
+
+
+def test_scheduler_config_points_at_the_service(scheduler_config: dict[str, Any]) -> None:
+    (extender,) = scheduler_config["extenders"]
+    url = urlparse(extender["urlPrefix"])
+    service = find("Service", "gas-extender")
+    host = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    assert url.hostname == host == extender["tlsConfig"]["serverName"]
+    assert url.port == service["spec"]["ports"][0]["port"] == 9001
+
+
+# ------------------------------------------------------------------ every manifest
+
+
+def _model(doc: dict[str, Any]) -> Any:
+    """The client's model class for a document: `apps/v1` `Deployment` -> V1Deployment."""
+    version = doc["apiVersion"].rsplit("/", 1)[-1]
+    name = version[:1].upper() + version[1:] + doc["kind"]
+    if doc["apiVersion"] == "v1" and doc["kind"] == "Event":
+        name = "CoreV1Event"
+    model = getattr(client, name, None)
+    assert model is not None, f"no client model {name} for {doc['apiVersion']} {doc['kind']}"
+    return model
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        pytest.param(doc, id=f"{file}#{index}-{doc.get('kind')}")
+        for file, index, doc in all_documents()
+    ],
+)
+def test_every_manifest_matches_the_api_schema(doc: dict[str, Any]) -> None:
+    parsed = _model(doc).from_dict(doc)
+    # Nothing dropped: every field of the document is one the schema knows (a misspelt or
+    # misplaced field would be silently ignored by `kubectl apply`).
+    assert client.ApiClient().sanitize_for_serialization(parsed) == doc
+
+
+def test_manifests_name_their_namespace(kustomization: dict[str, Any]) -> None:
+    """Namespaced objects carry the namespace themselves, so kustomize's namespace field
+    changes nothing and each file also works with `kubectl apply -f`."""
+    assert find("Namespace", NAMESPACE)
+    assert kustomization["namespace"] == NAMESPACE
+    for file, _, doc in all_documents():
+        namespace = doc["metadata"].get("namespace")
+        what = f"{file}: {doc['kind']} {doc['metadata']['name']}"
+        if doc["kind"] in CLUSTER_SCOPED_KINDS:
+            assert namespace is None, what
+        else:
+            assert namespace == NAMESPACE, what
+        for subject in doc.get("subjects") or []:
+            if subject["kind"] == "ServiceAccount":
+                assert subject["namespace"] == NAMESPACE, what
+
+
+def test_no_two_documents_name_the_same_object() -> None:
+    seen: dict[tuple[str, str, str], str] = {}
+    for file, _, doc in all_documents():
+        key = (doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"])
+        assert key not in seen, f"{key} in {seen.get(key)} and {file}"
+        seen[key] = file
+
+
+# ------------------------------------------------------------------ kustomization
+
+
+def test_kustomization_lists_every_manifest(kustomization: dict[str, Any]) -> None:
+    resources = kustomization["resources"]
+    assert len(resources) == len(set(resources)), "a file is listed twice"
+    on_disk = {path.name for path in manifest_files()}
+    assert set(resources) - on_disk == set(), "listed but missing: kubectl apply -k would fail"
+    assert on_disk - set(resources) == set(), "in deploy/ but not applied by the kustomization"
+    assert {
+        "namespace.yaml",
+        "rbac.yaml",
+        "deployment.yaml",
+        "service.yaml",
+        "pdb.yaml",
+        "labeler-daemonset.yaml",
+    } <= set(resources)
+
+
+def test_kustomization_is_well_formed(kustomization: dict[str, Any]) -> None:
+    assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
+    assert kustomization["kind"] == "Kustomization"
+    assert set(kustomization) <= KUSTOMIZATION_FIELDS
+    for resource in kustomization["resources"]:
+        assert not Path(resource).is_absolute() and ".." not in Path(resource).parts, resource
+    # An `images` entry that matches no container would leave the real image untouched.
+    repositories = {_image_name(image) for image in _container_images()}
+    for entry in kustomization.get("images") or []:
+        assert set(entry) <= {"name", "newName", "newTag", "digest"}
+        assert entry["name"] in repositories, entry
+
+
+def _containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    if doc["kind"] not in WORKLOAD_KINDS:
+        return []
+    spec = doc["spec"]["template"]["spec"]
+    return list(spec.get("initContainers") or []) + list(spec["containers"])
+
+
+def _container_images() -> list[str]:
+    return [c["image"] for _, _, doc in all_documents() for c in _containers(doc)]
+
+
+def _image_name(image: str) -> str:
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    return name[: len(name) - len(last)] + last.split(":", 1)[0]
+
+
+def _kustomized(doc: dict[str, Any], kustomization: dict[str, Any]) -> dict[str, Any]:
+    """What kustomize makes of a document with this kustomization's namespace and images."""
+    for container in _containers(doc):
+        for entry in kustomization.get("images") or []:
+            if _image_name(container["image"]) == entry["name"]:
+                name = entry.get("newName", entry["name"])
+                tag = container["image"][len(entry["name"]) :]
+                container["image"] = name + (f":{entry['newTag']}" if "newTag" in entry else tag)
+    return doc
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_kubectl_kustomize_builds_exactly_the_files(kustomization: dict[str, Any]) -> None:
+    result = subprocess.run(
+        ["kubectl", "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    built = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    expected = [_kustomized(doc, kustomization) for _, _, doc in all_documents()]
+
+    def key(doc: dict[str, Any]) -> tuple[str, str, str]:
+        return (doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"])
+
+    assert sorted(built, key=key) == sorted(expected, key=key)
+
+
+# ------------------------------------------------------------------ the gas workload
+
+
+def test_deployment_runs_hardened_replicas_with_leader_election() -> None:
+    deployment = find("Deployment", "gas")
+    spec = deployment["spec"]
+    # Only the leader is Ready: a rollout must not wait for a new pod to become Ready
+    # while the old leader runs (it never would), so all old pods may go at once.
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": spec["replicas"]},
+    }
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == "gas"
+    (gas,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert gas["securityContext"]["readOnlyRootFilesystem"] is True
+    assert gas["securityContext"]["allowPrivilegeEscalation"] is False
+    assert gas["resources"]["requests"]["cpu"] and gas["resources"]["requests"]["memory"]
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        get = gas[probe]["httpGet"]
+        assert (get["path"], get["scheme"], get["port"]) == (path, "HTTPS", "https")
+    assert gas["ports"] == [{"name": "https", "containerPort": 9001}]
+    assert "--leaderElect" in gas["args"]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in gas["env"]}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    labels = spec["template"]["metadata"]["labels"]
+    assert _selects(term["podAffinityTerm"]["labelSelector"]["matchLabels"], labels)
+
+
+def test_deployment_serves_the_tls_secret() -> None:
+    pod = find("Deployment", "gas")["spec"]["template"]["spec"]
+    (gas,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (mount,) = [m for m in gas["volumeMounts"] if volumes[m["name"]].get("secret")]
+    assert volumes[mount["name"]]["secret"] == {"secretName": "gas-tls"}
+    assert mount["readOnly"] is True
+    directory = mount["mountPath"].rstrip("/")
+    flags = dict(arg.removeprefix("--").split("=", 1) for arg in gas["args"] if "=" in arg)
+    assert gas["args"][0] == "serve"
+    assert flags == {
+        "cert": f"{directory}/tls.crt",
+        "key": f"{directory}/tls.key",
+        "cacert": f"{directory}/ca.crt",
+    }
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def test_service_and_budget_select_the_extender_and_nothing_else() -> None:
+    template = find("Deployment", "gas")["spec"]["template"]
+    service = find("Service", "gas-extender")["spec"]["selector"]
+    budget = find("PodDisruptionBudget", "gas")["spec"]["selector"]["matchLabels"]
+    gas_labels = template["metadata"]["labels"]
+    assert _selects(find("Deployment", "gas")["spec"]["selector"]["matchLabels"], gas_labels)
+    assert _selects(service, gas_labels) and _selects(budget, gas_labels)
+    for file, _, doc in all_documents():
+        if doc["kind"] in WORKLOAD_KINDS and doc["metadata"]["name"] != "gas":
+            labels = doc["spec"]["template"]["metadata"].get("labels") or {}
+            assert not _selects(service, labels), f"{file}: the Service would route to it"
+            assert not _selects(budget, labels), f"{file}: the budget would count it"
+
+
+def test_disruption_budget_never_blocks_a_drain() -> None:
+    """Only the leader is Ready, so the budget sees one healthy pod: `minAvailable: 1`
+    would make every eviction of the leader fail, and a node drain would hang; the budget
+    must allow the one Ready pod down."""
+    replicas = find("Deployment", "gas")["spec"]["replicas"]
+    ready = 1
+    budget = find("PodDisruptionBudget", "gas")
+    assert budget["apiVersion"] == "policy/v1"
+    spec = budget["spec"]
+    assert ("minAvailable" in spec) != ("maxUnavailable" in spec)
+    if "maxUnavailable" in spec:
+        assert isinstance(spec["maxUnavailable"], int)
+        assert replicas - spec["maxUnavailable"] < ready
+    else:
+        assert isinstance(spec["minAvailable"], int) and spec["minAvailable"] < ready
+
+
+# ------------------------------------------------------------------ RBAC against the code
+
+# Each Kubernetes call `gas serve` makes, and the RBAC rule it needs.
+CALL_RULES = {
+    "CoreV1Api.list_node": ("", "nodes", {"list", "watch"}),
+    "CoreV1Api.list_pod_for_all_namespaces": ("", "pods", {"list", "watch"}),
+    "CoreV1Api.read_namespaced_pod": ("", "pods", {"get"}),
+    "CoreV1Api.patch_namespaced_pod": ("", "pods", {"patch"}),
+    "CoreV1Api.create_namespaced_pod_binding": ("", "pods/binding", {"create"}),
+    "CoreV1Api.create_namespaced_event": ("", "events", {"create"}),
+    "CoordinationV1Api.read_namespaced_lease": ("coordination.k8s.io", "leases", {"get"}),
+    "CoordinationV1Api.create_namespaced_lease": ("coordination.k8s.io", "leases", {"create"}),
+    "CoordinationV1Api.replace_namespaced_lease": ("coordination.k8s.io", "leases", {"update"}),
+    "CoreV1Api.patch_namespaced_event": ("", "events", {"patch"}),
+    "EventsV1Api.create_namespaced_event": ("events.k8s.io", "events", {"create"}),
+    "EventsV1Api.patch_namespaced_event": ("events.k8s.io", "events", {"patch"}),
+}
+# Granted ahead of the code: Events are being extended to update repeated Events (patch)
+# and to use the events.k8s.io API. Every other rule must be used by a call.
+GRANTED_AHEAD = {
+    "CoreV1Api.patch_namespaced_event",
+    "EventsV1Api.create_namespaced_event",
+    "EventsV1Api.patch_namespaced_event",
+}
+# The client package loads its classes lazily: `vars()` would not list them.
+API_CLASSES = {
+    name: getattr(client, name)
+    for name in dir(client)
+    if name.endswith("Api") and isinstance(getattr(client, name), type)
+}
+_NOT_CALLS = {"close", "api_client"}
+
+
+def _module_path(module: str) -> Path | None:
+    base = ROOT.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _gas_imports(tree: ast.AST) -> set[str]:
+    """The gas modules a piece of code imports, at any depth (lazy imports included)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("gas")}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gas"):
+            assert node.module is not None
+            found.add(node.module)
+            # `from gas.serving import server` imports the module gas.serving.server.
+            for alias in node.names:
+                if _module_path(f"{node.module}.{alias.name}") is not None:
+                    found.add(f"{node.module}.{alias.name}")
+    return found
+
+
+def serve_modules() -> dict[str, Path]:
+    """Every gas module the `gas serve` process can run: the imports of `cli.serve`, and
+    theirs, transitively. Other commands (`inspect`, `label-node`, `certs`) run under
+    someone else's credentials, not gas's ServiceAccount."""
+    cli = ast.parse((ROOT / "gas" / "cli.py").read_text())
+    (serve,) = [n for n in cli.body if isinstance(n, ast.FunctionDef) and n.name == "serve"]
+    pending = _gas_imports(serve)
+    modules: dict[str, Path] = {}
+    while pending:
+        module = pending.pop()
+        path = _module_path(module)
+        if module in modules or path is None:
+            continue
+        modules[module] = path
+        pending |= _gas_imports(ast.parse(path.read_text()))
+    return modules
+
+
+def api_calls(sources: list[str]) -> set[str]:
+    """`Class.method` for every API method of a client class gas constructs that the
+    sources name (called, or passed on as the watch's list function)."""
+    text = "\n".join(sources)
+    constructed = {m for m in re.findall(r"\b([A-Z]\w*Api)\s*\(", text) if m in API_CLASSES}
+    calls = set()
+    for attribute in set(re.findall(r"\.\s*([a-z][a-z0-9_]*)\b", text)):
+        method = attribute.removesuffix("_with_http_info")
+        for name in constructed:
+            if method not in _NOT_CALLS and callable(getattr(API_CLASSES[name], method, None)):
+                calls.add(f"{name}.{method}")
+    return calls
+
+
+def granted_to_gas() -> dict[tuple[str, str], set[str]]:
+    """(group, resource) -> verbs, over every role bound to the gas ServiceAccount."""
+    roles: list[tuple[str, str | None, str]] = []
+    for _, _, doc in all_documents():
+        if doc["kind"] in ("ClusterRoleBinding", "RoleBinding") and any(
+            s["kind"] == "ServiceAccount" and s["name"] == "gas" and s["namespace"] == NAMESPACE
+            for s in doc["subjects"]
+        ):
+            roles.append(
+                (doc["roleRef"]["kind"], doc["metadata"].get("namespace"), doc["roleRef"]["name"])
+            )
+    assert roles, "nothing is granted to the gas ServiceAccount"
+    granted: dict[tuple[str, str], set[str]] = {}
+    for kind, namespace, name in roles:
+        role = find(kind, name)
+        assert role["metadata"].get("namespace") == (namespace if kind == "Role" else None)
+        for rule in role["rules"]:
+            assert not rule.get("nonResourceURLs")
+            # Names only where RBAC can check them (not `create`), and only the Lease's.
+            names = rule.get("resourceNames")
+            if names:
+                assert names == [LEASE_NAME] and "create" not in rule["verbs"], rule
+                assert rule["resources"] == ["leases"] and kind == "Role", rule
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    granted.setdefault((group, resource), set()).update(rule["verbs"])
+    return granted
+
+
+def test_the_scan_sees_calls_however_they_are_spelt() -> None:
+    source = """
+        self._core = client.CoreV1Api(api_client)
+        events = EventsV1Api(api_client)
+        reflector(self._core.list_node)
+        self._core.read_namespaced_pod_with_http_info(name, namespace)
+        events.create_namespaced_event(namespace, body)
+        response.close()
+        path.read_text()
+    """
+    assert api_calls([source]) == {
+        "CoreV1Api.list_node",
+        "CoreV1Api.read_namespaced_pod",
+        # The same method name on both constructed APIs: both rules are required.
+        "CoreV1Api.create_namespaced_event",
+        "EventsV1Api.create_namespaced_event",
+    }
+
+
+def test_serve_modules_are_those_gas_serve_runs() -> None:
+    modules = serve_modules()
+    assert {
+        "gas.cluster.kube",
+        "gas.serving.extender",
+        "gas.core.ledger",
+        "gas.serving.server",
+    } <= set(modules)
+    assert not {"gas.tools.inspector", "gas.tools.label_node", "gas.tools.certs"} & set(modules)
+
+
+def test_rbac_grants_exactly_what_the_code_calls() -> None:
+    calls = api_calls([path.read_text() for path in serve_modules().values()])
+    assert calls - set(CALL_RULES) == set(), "a new API call needs a rule here and in deploy/"
+    unused = set(CALL_RULES) - calls
+    assert unused <= GRANTED_AHEAD, f"rules for calls gas no longer makes: {unused}"
+    needed: dict[tuple[str, str], set[str]] = {}
+    for group, resource, verbs in CALL_RULES.values():
+        needed.setdefault((group, resource), set()).update(verbs)
+    assert granted_to_gas() == needed

@@ -1,0 +1,96 @@
+"""The package layers and the direction of their imports (see DESIGN.md, "Layers").
+
+Every import is counted, at any depth: a lazy import inside a function crosses a layer as
+much as one at the top of a module.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+GAS = Path(__file__).resolve().parents[2] / "gas"
+
+# Layer -> the gas layers its modules may import (itself included).
+ALLOWED: dict[str, set[str]] = {
+    "core": {"core"},
+    "cluster": {"core", "cluster"},
+    "serving": {"core", "cluster", "serving"},
+    "node": {"core", "node"},
+    "tools": {"core", "cluster", "serving", "node", "tools"},
+}
+# Third-party packages the pure core may use: none that does I/O.
+CORE_THIRD_PARTY = {"numpy"}
+
+
+def _modules(layer: str) -> list[Path]:
+    return sorted((GAS / layer).rglob("*.py"))
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+            if node.module == "gas":
+                found |= {f"gas.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level > 0:
+            raise AssertionError(f"{path}: relative import; gas uses absolute imports")
+    return found
+
+
+def _layer_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "gas":
+        return None
+    return parts[1] if len(parts) > 1 else "gas"
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    top = {p.name for p in GAS.glob("*.py")}
+    assert top == {"__init__.py", "cli.py"}
+    assert {p.name for p in GAS.iterdir() if p.is_dir() and p.name != "__pycache__"} >= set(ALLOWED)
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_imports_go_downwards_only(layer: str) -> None:
+    wrong = []
+    for path in _modules(layer):
+        for module in _imports(path):
+            target = _layer_of(module)
+            if target is not None and target not in ALLOWED[layer]:
+                wrong.append(f"{path.relative_to(GAS.parent)} imports {module}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_core_imports_nothing_that_does_io() -> None:
+    wrong = []
+    for path in _modules("core"):
+        for module in _imports(path):
+            root = module.split(".")[0]
+            if root in ("gas", "__future__") or root in sys.stdlib_module_names:
+                continue
+            if root not in CORE_THIRD_PARTY:
+                wrong.append(f"{path.relative_to(GAS.parent)} imports {module}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_module_is_named_like_a_standard_library_one() -> None:
+    clash = [
+        str(path.relative_to(GAS.parent))
+        for path in GAS.rglob("*.py")
+        if path.stem in sys.stdlib_module_names
+        or (path.name == "__init__.py" and path.parent.name in sys.stdlib_module_names)
+    ]
+    assert not clash, clash
+
+
+def test_the_check_sees_a_wrong_import(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from gas.serving import tls\n")
+    assert _layer_of(next(iter(_imports(bad)))) == "serving"
