@@ -1,25 +1,10 @@
 """Descheduling: node policy labels ask that the pods on some cards or tiles be moved.
 
-A node label `telemetry.aware.scheduling.<policy>/gas-deschedule-pods-<card>` (or
-`gas-tile-deschedule-<card>_gt<N>`) makes gas label every pod it placed on that card (or
-tile) with `gpu.aware.scheduling/deschedule-pod=gpu`; a descheduler then evicts the
-labelled pods. When the node label goes, or the pod no longer uses such a card, the pod
-label goes too.
-
-The label is derived, never remembered: what a pod should carry follows from its node's
-labels and its own annotations, and the worker below patches only where the pod as the
-watch shows it differs. A restart therefore repairs whatever changed while gas was down
-(GAS keeps the state in memory and never removes a stale label after a restart).
-
-Only pods gas accounts for are touched: bound, not terminal, not being deleted, and
-carrying `gas-container-cards`. A pod without gas's annotations keeps whatever labels it
-has, since someone else put them there; a gas pod whose cards are all fine loses the label,
-since on a gas pod the label is gas's to manage.
-
-The worker does no I/O under any lock and never on the request path: watch callbacks only
-update its index and queue pod UIDs; one thread sends JSON merge patches (a merge patch
-creates the labels map when a pod has none, and removing an absent key is a no-op, unlike
-GAS's JSON patch which fails in both cases and carries a `force` the API server rejects).
+gas labels the pods it placed on such a card or tile with
+`gpu.aware.scheduling/deschedule-pod=gpu` for a descheduler to evict, and removes the label
+once it no longer holds. The label is derived from the node's labels and the pod's
+annotations, never remembered. `Descheduler` is the worker: watch callbacks feed its index
+and queue, one thread sends the merge patches. What is labelled, and why: docs/descheduling.md.
 """
 
 from __future__ import annotations

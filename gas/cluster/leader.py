@@ -1,22 +1,9 @@
 """Leader election on a `coordination.k8s.io/v1` Lease, with client-go's semantics.
 
-Several gas replicas run; each keeps its ledger warm from the watch, but only the one that
-holds the Lease answers filter and bind and reports ready, so the Service routes to it.
-
-- A candidate takes the Lease when nobody holds it, or when the holder has not changed the
-  record (its renewTime) for the record's leaseDurationSeconds as timed by the candidate's
-  own monotonic clock from when it saw the record change: no clock is compared across
-  machines.
-- Every write carries the resourceVersion just read, so of two candidates racing for an
-  expired Lease one gets 409 Conflict and stays a follower.
-- The leader renews every retryPeriod. It counts itself leader until renewDeadline after
-  it *started* its last successful renewal (monotonic clock), checked at every question,
-  so it stops answering even while its renewal hangs. renewDeadline < leaseDuration, so it
-  has stepped down before any other replica can see the Lease as expired.
-- A leader that steps down stays up as a candidate: its ledger is a cache fed by the watch,
-  correct whoever leads, and a restart would only throw it away.
-- On shutdown the leader gives the Lease up (empty holder), so a follower takes over at its
-  next try instead of waiting for the lease to run out.
+`Elector` runs the election over a `LeaseStore` (`KubeLeaseStore` on the API server), timed
+by this replica's monotonic clock alone; `LeaderGatedCluster` makes a follower unready, so it
+answers the scheduler with 503. The rules for taking, renewing, stepping down and releasing
+the Lease, and why: docs/high-availability.md.
 """
 
 from __future__ import annotations

@@ -1,78 +1,13 @@
 """Preemption: which of the victims kube-scheduler proposes really make room on the cards.
 
-kube-scheduler's DefaultPreemption picks victims by node totals: on a node with two 8G
-cards, each with 5G taken, it sees 6G free and thinks evicting a 2G pod makes room for a
-6G pod, yet no single card then has 6G. gas answers the preempt verb by checking each
-candidate node's cards with the same allocator bind uses. Pure functions: no I/O, no
-locks; the caller copies the node's holdings out of the ledger (`Ledger.node_states`).
+For each candidate node, the proposed victims that hold cards there (*judged*) are cut down
+to the best set whose eviction lets the pod fit as bind would place it; the others
+(*unjudged*) are kept as proposed; when the judged ones cannot make room, lower-priority
+BOUND GPU pods on the node (*addable*) may be added. Pure functions: no I/O, no locks; the
+caller copies the node's holdings out of the ledger (`Ledger.node_states`).
 
-For each candidate node, the proposed victims split in two:
-
-- *judged* victims hold cards on this node in the ledger. Only they can free cards, and
-  they are what gas chooses among.
-- *unjudged* victims are everything else: pods without GPUs, GPU pods gas did not bind,
-  pods the ledger places elsewhere. They may be freeing CPU or memory, which gas does not
-  see, and kube-scheduler has already checked their priority and disruption budgets, so
-  they are kept exactly as proposed.
-
-Besides them, gas may add victims of its own. kube-scheduler proposes by node totals, so
-on two 8G cards holding a 5G pod each and a 2G pod beside one of them it proposes the 2G
-pod for a 6G preemptor, when evicting a 5G pod would do. *Addable* pods are those the
-ledger holds as BOUND on this node, not proposed, whose priority (the ledger's record of
-`spec.priority`) is strictly below the preemptor's, as kube-scheduler would choose them.
-Only BOUND ones: every UID in the answer must be a pod kube-scheduler's cache has on the
-node, or its whole preempt call fails, and a reserved or pending bind may not be there
-yet. A BOUND pod is one the API server showed bound there, so the cache holds it too,
-barring a deletion one watch has seen and the other not yet (the call then fails, and
-the next scheduling attempt asks again).
-
-Then, on that node:
-
-1. If the pod already fits the cards with nothing evicted, the cards are not what stops
-   it there: the proposal is kept whole (`as_proposed`).
-2. If it fits with every judged victim gone, the judged victims are cut down to the best
-   subset whose removal lets the pod fit (`trimmed` when some were spared): the fewest
-   pods, then the lowest highest priority among them, then the lowest sum of priorities,
-   then the least GPU taken away (the victims' usage as a share of card capacity, summed
-   over cards and resources), then the earliest in the scheduler's order. Nothing is
-   added: a proposal that helps is never extended.
-3. Otherwise, if it fits with every judged and every addable pod gone, the best subset of
-   both is chosen the same way (`extended`), except that right after the priorities come
-   the fewest added pods: kube-scheduler weighed the proposed ones against disruption
-   budgets, which gas cannot see, and a broken budget costs more than GPU share. Addable
-   pods come after the proposed ones in the order, by UID so that replicas agree. Sets of
-   judged victims alone are known not to fit and are not tried.
-4. Otherwise no victim set helps and the node is dropped (a `Rejection` carrying the
-   allocator's reason).
-5. Unjudged victims are added back in every answer. A node whose answer would name no
-   victim is dropped: kube-scheduler treats an empty victim list as an error.
-
-Caveat of steps 2 and 3: a judged victim that gas spares may have been needed for CPU or
-memory as well. Evicting only the chosen ones then leaves the pod unschedulable; the next
-preemption round proposes the spared pod again, and step 1 keeps it. Cards are never
-over-committed either way. And kube-scheduler's `NumPDBViolations` covers only the
-proposed victims: violations by the ones gas adds go uncounted, so kube-scheduler may
-prefer an extended node to one whose counted violations are fewer than the real ones.
-
-Priorities come from the victim pods kube-scheduler sends (`NodeNameToVictims`), else from
-the ledger, which records each bound pod's `spec.priority` (`NodeNameToMetaVictims` names
-victims by UID only); 0 when neither knows.
-
-Fitting accounts the node as `Ledger.check` does: fail-closed holdings block their cards
-(or the whole node) until they are evicted, tiles held by remaining pods stay busy, and the
-asking pod's own uncertain earlier bind on the node does not count against it.
-
-The search is bounded so an absurd request cannot hold a request thread: with up to
-`EXHAUSTIVE_VICTIMS` candidates (judged victims, plus the addable pods in step 3), subsets
-are tried by increasing size in the order above (each size sorted first), skipping any
-whose removal frees less of a resource, over all cards, than the pod asks in total (the
-node-total check, sound and cheap); every allocator call spends one unit of a `Budget`,
-and so does every `SKIPS_PER_PLACEMENT` skipped subsets. A request's budget is shared out
-evenly over its nodes. With more candidates, or once the budget runs low, a greedy pass
-takes over: starting from all candidates, it spares each one, most costly first (added
-before proposed among equal priorities), whenever the pod still fits without evicting it.
-The result then still fits and (unless the budget ran out) no single victim can be spared,
-but a smaller set may exist (`minimal` is False).
+The rules, the order candidate sets are ranked in, and the bounds on the search:
+docs/preemption.md.
 """
 
 from __future__ import annotations
@@ -209,8 +144,8 @@ def select_victims(
     bound: Collection[str] = frozenset(),
 ) -> Selection | Rejection:
     """The victims to evict on `node` so that `request` fits its cards, chosen from
-    `proposed` and, when those cannot make room, from the pods gas may add (see the module
-    docstring), or the Rejection saying why the node is dropped.
+    `proposed` and, when those cannot make room, from the pods gas may add (docs/preemption.md),
+    or the Rejection saying why the node is dropped.
 
     `holdings` are everything counted on the node; `own` is the asking pod's uncertain
     earlier bind there, if any, which does not count against it. `priority` is the asking

@@ -1,29 +1,9 @@
 """Node scores for the prioritize verb, and the fragmentation measure. Pure functions.
 
-Node score (0..10, the extender protocol's range; kube-scheduler multiplies it by the
-extender's `weight` x 10):
-
-- The pod is placed on the node as bind would place it (same allocator, same policy, so
-  the same cards). A node where it does not fit scores 0.
-- `fullness` is then, for each resource the pod asks of its cards (a positive per-card
-  need that the node has capacity of, e.g. `i915` and `memory.max`), the node's usage
-  after the placement summed over its usable cards (not disabled by labels; each card
-  counted at most at its capacity), divided by (per-card capacity x usable cards); the
-  mean of those fractions over the resources. Exact rational arithmetic.
-- `binpack` scores round-half-up(10 x fullness): the fullest node that fits wins.
-  `spread` scores 10 minus that: the emptiest node wins.
-- `first-fit` (the default, as GAS) scores 0 everywhere: gas adds nothing and
-  kube-scheduler's own plugins (and its random tie-break) choose, as with GAS, which has no
-  prioritize verb. Every node given is still listed, so the reply always names them all.
-- The policy is the pod's `gas-policy` annotation, else `--policy`; a malformed annotation
-  scores 0 everywhere (the filter already refused the pod with a reason).
-
-Fragmentation: for a few common pod sizes (`POD_SIZES`), how many more such pods each
-node could still take, by placing them one after another on a copy of its usage with the
-allocator (first fit), at most `MAX_PLACEABLE` per node and size. A size is relative to
-each node's cards: a share of one card's `memory.max` on each of `cards` cards (plus one
-`i915`, or `xe` on xe nodes, per card). On a node without `memory.max` a size asks for
-the GPU count alone.
+`node_score` places the pod as bind would and scores the node 0..10 by how full its usable
+cards would then be (`binpack`; 10 minus that for `spread`; 0 everywhere for `first-fit`).
+`placeable_pods` counts how many more pods of each of `POD_SIZES` each node could take. The
+exact rules: docs/scoring.md.
 """
 
 from __future__ import annotations
@@ -90,7 +70,7 @@ def fullness(
 def node_score(
     node: NodeGpu, usage: Usage, request: PodRequest, allocation: Allocation, policy: Policy
 ) -> int:
-    """The score of a node the pod fits on with `allocation` (see the module docstring)."""
+    """The score of a node the pod fits on with `allocation` (docs/scoring.md)."""
     mode = policy.placement_for(request)
     if mode == FIRST_FIT:
         return 0
