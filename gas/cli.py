@@ -12,7 +12,6 @@ import importlib
 import importlib.util
 import logging
 import os
-import re
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING
 from flask import Flask
 
 from gas import __version__
+from gas.core.durations import NANOSECONDS_PER_SECOND, parse_go_duration
 from gas.core.ledger import DEFAULT_PENDING_GRACE
 
 if TYPE_CHECKING:
@@ -58,19 +58,14 @@ def _add_bool(parser: argparse.ArgumentParser, name: str, help_text: str) -> Non
     )
 
 
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|ms|s|m|h)")
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
 def _duration(value: str) -> float:
     """A Go duration (`15s`, `1.5s`, `500ms`, `1m30s`) in seconds."""
-    text = value.strip()
-    if not text or _DURATION_PART.sub("", text):
+    nanoseconds = parse_go_duration(value)
+    if nanoseconds is None:
         raise argparse.ArgumentTypeError(f"not a duration: {value!r} (e.g. 15s, 500ms)")
-    seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART.findall(text))
-    if seconds <= 0:
+    if nanoseconds <= 0:
         raise argparse.ArgumentTypeError(f"not a positive duration: {value!r}")
-    return seconds
+    return nanoseconds / NANOSECONDS_PER_SECOND
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,7 +175,10 @@ COMMANDS = {
         "gas.tools.certs",
         "generate the CA, gas's server certificate and kube-scheduler's client certificate",
     ),
-    "check-config": ("gas.tools.checkconfig", "check a kube-scheduler configuration that uses gas"),
+    "check-config": (
+        "gas.tools.checkconfig.command",
+        "check a kube-scheduler configuration that uses gas",
+    ),
     "inspect": (
         "gas.tools.inspector",
         "show GPU allocation per node and card, from pod annotations",
