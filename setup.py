@@ -32,7 +32,7 @@ setup(
         "console_scripts": [
             "gas=gas.cli:main",
             # kubectl runs any `kubectl-NAME` on PATH as `kubectl NAME`.
-            "kubectl-gas=gas.tools.inspector:kubectl_main",
+            "kubectl-gas=gas.tools.inspector.command:kubectl_main",
         ]
     },
 )

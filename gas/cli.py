@@ -180,7 +180,7 @@ COMMANDS = {
         "check a kube-scheduler configuration that uses gas",
     ),
     "inspect": (
-        "gas.tools.inspector",
+        "gas.tools.inspector.command",
         "show GPU allocation per node and card, from pod annotations",
     ),
     "label-node": ("gas.tools.label_node", "discover this node's GPU cards and label the node"),

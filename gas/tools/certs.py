@@ -16,9 +16,9 @@ import shlex
 import sys
 from dataclasses import dataclass
 
-DEFAULT_DNS = ("gas-extender.gas-system.svc", "gas-extender.gas-system.svc.cluster.local")
-# tlsConfig.serverName in extender-configuration/scheduler-config.yaml.
+# tlsConfig.serverName in extender-configuration/scheduler-config.yaml: gas's Service.
 SCHEDULER_SERVER_NAME = "gas-extender.gas-system.svc"
+DEFAULT_DNS = (SCHEDULER_SERVER_NAME, f"{SCHEDULER_SERVER_NAME}.cluster.local")
 # Where extender-configuration/scheduler-config.yaml expects kube-scheduler's files.
 NODE_CERT_DIR = "/etc/kubernetes/gas"
 CLIENT_COMMON_NAME = "kube-scheduler"

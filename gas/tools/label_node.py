@@ -32,6 +32,7 @@ from typing import Any, Protocol, TextIO
 from gas.core.model import (
     LABEL_CARDS,
     LABEL_GPU_NUMBERS,
+    LABEL_NUMA_MAP,
     SPLIT_LABEL_MARK,
     card_number,
     is_card_name,
@@ -40,7 +41,6 @@ from gas.node.cards import Card
 
 log = logging.getLogger(__name__)
 
-LABEL_NUMA_GPU_MAP = "gpu.intel.com/numa-gpu-map"
 INTEL = "0x8086"
 VENDOR_ALIASES = {"intel": INTEL, "amd": "0x1002", "nvidia": "0x10de"}
 MERGE_PATCH = "application/merge-patch+json"
@@ -298,7 +298,7 @@ def managed_bases(numa: bool) -> tuple[str, ...]:
     """The labels this run owns. Without `--numa` an existing NUMA map is left alone:
     another tool may write it."""
     bases = (LABEL_GPU_NUMBERS, LABEL_CARDS)
-    return (*bases, LABEL_NUMA_GPU_MAP) if numa else bases
+    return (*bases, LABEL_NUMA_MAP) if numa else bases
 
 
 def card_labels(cards: Sequence[Card], numa: bool = False) -> dict[str, str]:
@@ -309,7 +309,7 @@ def card_labels(cards: Sequence[Card], numa: bool = False) -> dict[str, str]:
     labels = split_label(LABEL_GPU_NUMBERS, ".".join(str(c.number) for c in ordered))
     labels.update(split_label(LABEL_CARDS, ".".join(c.name for c in ordered)))
     if numa:
-        labels.update(split_label(LABEL_NUMA_GPU_MAP, numa_gpu_map(ordered)))
+        labels.update(split_label(LABEL_NUMA_MAP, numa_gpu_map(ordered)))
     return labels
 
 
@@ -582,7 +582,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "repeat or give a comma list",
     )
     parser.add_argument(
-        "--numa", action="store_true", help=f"also write {LABEL_NUMA_GPU_MAP} (0-0.1_1-2.3)"
+        "--numa", action="store_true", help=f"also write {LABEL_NUMA_MAP} (0-0.1_1-2.3)"
     )
     parser.add_argument(
         "--watch",

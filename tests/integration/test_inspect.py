@@ -20,7 +20,7 @@ import pytest
 from gas.cli import main
 from gas.core.model import ANNOTATION_CARDS, ANNOTATION_TS
 from gas.tools.audit import over_capacity, usage_from_pods
-from gas.tools.inspector import kubectl_main
+from gas.tools.inspector.command import kubectl_main
 from tests.conftest import assert_consistent, wait_for_nodes
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles

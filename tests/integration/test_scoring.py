@@ -20,7 +20,8 @@ from gas.core.scoring import (
     placeable_pods,
     score,
 )
-from gas.tools.inspector import build_report, render_table, report_json
+from gas.tools.inspector.render import render_table, report_json
+from gas.tools.inspector.report import build_report
 from tests.conftest import ledger_of, wait_for, wait_for_nodes
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles

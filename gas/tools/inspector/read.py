@@ -1,0 +1,126 @@
+"""Reading the cluster (nodes and pods, a page at a time) and a running gas's ledger."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from gas.core.model import as_mapping
+
+PAGE_SIZE = 500
+API_TIMEOUT = (5.0, 60.0)
+EXTENDER_TIMEOUT = 10.0
+
+
+class InspectError(Exception):
+    """The cluster or the extender could not be read; the message says what failed."""
+
+
+def cluster_client(kubeconfig: str | None, context: str | None) -> Any:
+    from kubernetes import client, config
+
+    from gas.cluster.kube import load_api_client
+
+    try:
+        if kubeconfig is None and context is None:
+            with contextlib.suppress(config.ConfigException):
+                return load_api_client(None)  # in a pod: its ServiceAccount
+        configuration = client.Configuration()
+        # Read now, not at import time as the client's own default is.
+        path = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        load_kube_config: Any = config.load_kube_config  # untyped in the client
+        load_kube_config(
+            config_file=path,
+            context=context,
+            client_configuration=configuration,
+            persist_config=False,
+        )
+    except config.ConfigException as exc:
+        raise InspectError(
+            f"no usable Kubernetes configuration ({exc}); "
+            "give --kubeConfig, set KUBECONFIG, or run in a pod"
+        ) from exc
+    except OSError as exc:
+        raise InspectError(f"cannot read the kubeconfig: {exc}") from exc
+    return client.ApiClient(configuration)
+
+
+def read_cluster(
+    api_client: Any, only_node: str | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+    if only_node is None:
+        nodes = _list_all(core.list_node, "nodes")
+        pods = _list_all(core.list_pod_for_all_namespaces, "pods")
+    else:
+        nodes = _list_all(core.list_node, "nodes", field_selector=f"metadata.name={only_node}")
+        pods = _list_all(
+            core.list_pod_for_all_namespaces, "pods", field_selector=f"spec.nodeName={only_node}"
+        )
+    return nodes, pods
+
+
+def _list_all(call: Any, what: str, **selectors: str) -> list[dict[str, Any]]:
+    """Every item, a page at a time: one huge list would be slow on the API server too."""
+    items: list[dict[str, Any]] = []
+    token: str | None = None
+    while True:
+        paging: dict[str, Any] = {"limit": PAGE_SIZE}
+        if token:
+            paging["_continue"] = token
+        try:
+            response = call(
+                _preload_content=False, _request_timeout=API_TIMEOUT, **selectors, **paging
+            )
+            body = json.loads(response.data)
+        except Exception as exc:
+            raise InspectError(f"cannot list {what}: {_api_error(exc)}") from exc
+        items.extend(item for item in body.get("items") or [] if isinstance(item, dict))
+        token = as_mapping(body.get("metadata")).get("continue")
+        if not token:
+            return items
+
+
+def _api_error(exc: Exception) -> str:
+    from kubernetes import client
+
+    if isinstance(exc, client.ApiException):
+        try:
+            message = as_mapping(json.loads(exc.body or "")).get("message")
+        except ValueError:
+            message = None
+        return f"{exc.status} {message or exc.reason}"
+    return str(exc) or type(exc).__name__
+
+
+def fetch_ledger(args: argparse.Namespace) -> Mapping[str, Any]:
+    import requests
+    import urllib3
+
+    verify: bool | str = args.cacert or True
+    if args.insecure:
+        verify = False
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+    if bool(args.cert) != bool(args.key):
+        raise InspectError("--cert and --key go together")
+    url = args.extender.rstrip("/") + "/debug/ledger"
+    try:
+        response = requests.get(
+            url,
+            verify=verify,
+            cert=(args.cert, args.key) if args.cert else None,
+            timeout=EXTENDER_TIMEOUT,
+        )
+        response.raise_for_status()
+        ledger = response.json()
+    except (requests.RequestException, ValueError) as exc:
+        raise InspectError(f"cannot read the ledger at {url}: {exc}") from exc
+    if not isinstance(ledger, dict) or not isinstance(ledger.get("usage"), dict):
+        raise InspectError(f"{url} did not answer a gas ledger")
+    return ledger
