@@ -1,14 +1,12 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gas.tools.audit import check_invariants, drift, usage_from_pods
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles, make_tls_files
 from tests.support.scheduler import SchedulerEmulator
@@ -110,44 +108,3 @@ def emulators(
     yield make
     for emulator in made:
         emulator.close()
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise TimeoutError(f"timed out waiting for {what}")
-
-
-def ledger_of(gas: GasProcess) -> dict[str, Any]:
-    snapshot = gas.get_json("/debug/ledger")
-    assert isinstance(snapshot, dict)
-    return snapshot
-
-
-def wait_for_nodes(gas: GasProcess, *names: str) -> None:
-    wait_for(lambda: set(names) <= set(ledger_of(gas)["nodes"]), what=f"nodes {names} in gas")
-
-
-def assert_consistent(gas: GasProcess, apiserver: ApiServerDouble) -> None:
-    """The invariants (gas.tools.audit.check_invariants): no card over capacity, no pod or tile
-    accounted twice, and the ledger equals what the cluster's annotations imply for bound,
-    non-terminal pods plus its binds in flight (once the watch has caught up)."""
-    pods = apiserver.list_pods()
-    nodes = apiserver.list_nodes()
-    assert check_invariants(nodes, pods) == []
-    expected = usage_from_pods(pods)
-
-    def settled() -> bool:
-        ledger = ledger_of(gas)
-        return not check_invariants(nodes, pods, ledger) and not drift(expected, ledger["usage"])
-
-    try:
-        wait_for(settled, timeout=10, what="ledger to match the cluster")
-    except TimeoutError:
-        ledger = ledger_of(gas)
-        assert check_invariants(nodes, pods, ledger) == []
-        assert drift(expected, ledger["usage"]) == []

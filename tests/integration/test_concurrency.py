@@ -7,9 +7,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tests.conftest import assert_consistent, ledger_of, wait_for_nodes
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles
+from tests.support.ledger_checks import assert_consistent, ledger_of, wait_for_nodes
 from tests.support.objects import container, gpu_node, gpu_pod
 from tests.support.scheduler import SchedulerEmulator
 

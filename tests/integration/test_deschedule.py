@@ -34,10 +34,11 @@ from gas.core.model import (
     NodeGpu,
     node_from_object,
 )
-from tests.conftest import wait_for, wait_for_nodes
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles
+from tests.support.ledger_checks import wait_for_nodes
 from tests.support.objects import gpu_node, gpu_pod
+from tests.support.polling import wait_for
 
 POLICY = "telemetry.aware.scheduling.policy/"
 DESCHEDULE_CARD0 = POLICY + "gas-deschedule-pods-card0"

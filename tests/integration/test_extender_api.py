@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 import requests
 
-from tests.conftest import ledger_of, wait_for, wait_for_nodes
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles, free_port
+from tests.support.ledger_checks import ledger_of, wait_for_nodes
 from tests.support.objects import container, gpu_node, gpu_pod
+from tests.support.polling import wait_for
 
 MAX_BODY = 256 * 1024
 REPLY_KEYS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import assert_consistent, ledger_of, wait_for, wait_for_nodes
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles
+from tests.support.ledger_checks import assert_consistent, ledger_of, wait_for_nodes
 from tests.support.objects import container, gpu_node, gpu_pod
+from tests.support.polling import wait_for
 from tests.support.scheduler import Outcome, SchedulerEmulator
 
 P = "telemetry.aware.scheduling.policy/"

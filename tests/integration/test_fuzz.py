@@ -30,9 +30,9 @@ from hypothesis import strategies as st
 from gas.core import model
 from gas.core.quantity import MAX_QUANTITY, QuantityError, parse_quantity
 from gas.serving.server import _DeadlineSocket, _request_complete
-from tests.conftest import ledger_of, wait_for_nodes
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles
+from tests.support.ledger_checks import ledger_of, wait_for_nodes
 from tests.support.objects import gpu_node, gpu_pod
 
 MAX_BODY = 256 * 1024

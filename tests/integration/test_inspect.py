@@ -21,9 +21,9 @@ from gas.cli import main
 from gas.core.model import ANNOTATION_CARDS, ANNOTATION_TS
 from gas.tools.audit import over_capacity, usage_from_pods
 from gas.tools.inspector.command import kubectl_main
-from tests.conftest import assert_consistent, wait_for_nodes
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles
+from tests.support.ledger_checks import assert_consistent, wait_for_nodes
 from tests.support.objects import container, gpu_node, gpu_pod
 from tests.support.scheduler import SchedulerEmulator
 

@@ -20,10 +20,11 @@ from gas.cluster.leader import (
     LeaseConflict,
     LeaseRecord,
 )
-from tests.conftest import assert_consistent, ledger_of, wait_for
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles
+from tests.support.ledger_checks import assert_consistent, ledger_of
 from tests.support.objects import container, gpu_node, gpu_pod
+from tests.support.polling import wait_for
 
 CONFIG = {"lease_duration": 15.0, "renew_deadline": 10.0, "retry_period": 2.0}
 

@@ -20,7 +20,6 @@ import pytest
 import yaml
 
 from gas.core.model import ANNOTATION_CARDS, LABEL_DESCHEDULE_POD
-from tests.conftest import ledger_of, wait_for, wait_for_nodes
 from tests.support.apiserver import (
     ApiServerDouble,
     RbacGrant,
@@ -28,7 +27,9 @@ from tests.support.apiserver import (
     rbac_grants_from_manifests,
 )
 from tests.support.gasproc import GasProcess, TLSFiles
+from tests.support.ledger_checks import ledger_of, wait_for_nodes
 from tests.support.objects import container, gpu_node, gpu_pod
+from tests.support.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE_ACCOUNT = ("gas-system", "gas")

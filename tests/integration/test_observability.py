@@ -6,10 +6,11 @@ import json
 import re
 from typing import Any
 
-from tests.conftest import wait_for, wait_for_nodes
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess
+from tests.support.ledger_checks import wait_for_nodes
 from tests.support.objects import container, gpu_node, gpu_pod
+from tests.support.polling import wait_for
 
 
 def metric(text: str, name: str, **labels: str) -> float:

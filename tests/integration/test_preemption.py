@@ -28,10 +28,11 @@ from gas.core.ledger import Ledger, NodeState, PodHolding, PodObservation, State
 from gas.core.model import I915, TILES, ContainerNeed, NodeGpu, PodRequest, tiles_by_card
 from gas.core.preemption import Budget, Selection, Victim, select_all, select_victims
 from gas.serving.extender import create_app
-from tests.conftest import ledger_of, wait_for, wait_for_nodes
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess
+from tests.support.ledger_checks import ledger_of, wait_for_nodes
 from tests.support.objects import container, gpu_node, gpu_pod
+from tests.support.polling import wait_for
 from tests.support.scheduler import SchedulerEmulator
 
 MEM = "gpu.intel.com/memory.max"

@@ -20,10 +20,11 @@ import pytest
 from gas.cli import main
 from gas.core.model import ANNOTATION_CARDS, ANNOTATION_TILES, ANNOTATION_TS
 from gas.tools.audit import check_invariants, in_flight
-from tests.conftest import assert_consistent, ledger_of, wait_for, wait_for_nodes
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles
+from tests.support.ledger_checks import assert_consistent, ledger_of, wait_for_nodes
 from tests.support.objects import container, gpu_node, gpu_pod
+from tests.support.polling import wait_for
 from tests.support.scheduler import Outcome, SchedulerEmulator
 from tests.support.workload import FaultMix, Workload
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import assert_consistent, wait_for_nodes
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles
+from tests.support.ledger_checks import assert_consistent, wait_for_nodes
 from tests.support.objects import container, gpu_node, gpu_pod
 from tests.support.scheduler import SchedulerEmulator
 

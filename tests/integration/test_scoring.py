@@ -22,10 +22,11 @@ from gas.core.scoring import (
 )
 from gas.tools.inspector.render import render_table, report_json
 from gas.tools.inspector.report import build_report
-from tests.conftest import ledger_of, wait_for, wait_for_nodes
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles
+from tests.support.ledger_checks import ledger_of, wait_for_nodes
 from tests.support.objects import container, gpu_node, gpu_pod
+from tests.support.polling import wait_for
 from tests.support.scheduler import SchedulerEmulator
 
 G = 1_000_000_000

@@ -22,10 +22,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from gas.serving import tls
-from tests.conftest import wait_for
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles, child_pids, make_tls_files
 from tests.support.objects import gpu_node, gpu_pod
+from tests.support.polling import wait_for
 from tests.support.tlsprobe import local_handshake, permissive_server_context
 
 TOKEN = "gas-secret-token-3f9c1e7a0b5d4c2e8f61"

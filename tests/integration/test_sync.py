@@ -18,10 +18,11 @@ from gas.cluster.kube import pending_verdict
 from gas.core.allocator import NODE_BLOCKED
 from gas.core.model import ANNOTATION_CARDS, ANNOTATION_TS
 from gas.tools.audit import usage_from_pods
-from tests.conftest import assert_consistent, ledger_of, wait_for, wait_for_nodes
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles
+from tests.support.ledger_checks import assert_consistent, ledger_of, wait_for_nodes
 from tests.support.objects import container, gpu_node, gpu_pod
+from tests.support.polling import wait_for
 from tests.support.scheduler import SchedulerEmulator
 from tests.support.workload import cut_connections
 
