@@ -45,6 +45,7 @@ def api(double: ApiServerDouble) -> Iterator[client.CoreV1Api]:
         api_client.close()
 
 
+# Plain pods and nodes: the double's own tests need no GPU resources.
 def pod(name: str, **extra: Any) -> dict[str, Any]:
     manifest: dict[str, Any] = {
         "metadata": {"name": name, "namespace": NS},

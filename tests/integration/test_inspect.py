@@ -4,6 +4,7 @@ double; drift against a real gas process and against hand-written ledgers."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -18,32 +19,20 @@ from typing import Any
 import pytest
 
 from gas.cli import main
-from gas.core.model import ANNOTATION_CARDS, ANNOTATION_TS
+from gas.core.model import I915
 from gas.tools.audit import over_capacity, usage_from_pods
 from gas.tools.inspector.command import kubectl_main
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.ledger_checks import assert_consistent, wait_for_nodes
-from tests.support.objects import container, gpu_node, gpu_pod
+from tests.support.objects import GI, MEM, bound_pod, container, gpu_node, gpu_pod
 from tests.support.scheduler import SchedulerEmulator
 
 ROOT = Path(__file__).resolve().parents[2]
-GI = 1024**3
 
 
-def bound(
-    name: str,
-    node: str,
-    cards: str,
-    *containers: dict[str, Any],
-    phase: str = "Running",
-    namespace: str = "default",
-) -> dict[str, Any]:
-    """A pod as gas leaves it after a bind: on `node`, with gas's annotations."""
-    annotations = {ANNOTATION_CARDS: cards, ANNOTATION_TS: "1700000000000000000"}
-    return gpu_pod(
-        name, *containers, namespace=namespace, node=node, annotations=annotations, phase=phase
-    )
+# A fixed gas-ts: these pods are the same objects on every run.
+bound = functools.partial(bound_pod, ts="1700000000000000000")
 
 
 class Inspect:
@@ -205,6 +194,7 @@ def card(
     }
 
 
+# A node of the inspector's report, not a Kubernetes Node.
 def node(name: str, cards: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
     return {"name": name, "problem": None, "blocked_by": [], **fields, "cards": cards}
 
@@ -598,8 +588,6 @@ def ledger(usage: dict[str, Any]) -> dict[str, Any]:
     return {"nodes": {}, "usage": usage, "pods": {}}
 
 
-MEM = "gpu.intel.com/memory.max"
-I915 = "gpu.intel.com/i915"
 TRUE_USAGE = {
     "gpu-1card": {"card0": {I915: 1, MEM: 5 * GI, "gpu.intel.com/millicores": 300}},
     "gpu-2cards": {

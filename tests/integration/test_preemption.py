@@ -31,17 +31,17 @@ from gas.serving.extender import create_app
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess
 from tests.support.ledger_checks import ledger_of, wait_for_nodes
-from tests.support.objects import container, gpu_node, gpu_pod
+from tests.support.objects import MEM, container, gpu_node, gpu_pod
 from tests.support.polling import wait_for
 from tests.support.scheduler import SchedulerEmulator
 
-MEM = "gpu.intel.com/memory.max"
-G = 1 << 30
+G = 1 << 30  # memory here is counted in Gi
 
 
 # ---------------------------------------------------------------- helpers
 
 
+# Not the shared card_node: memory in Gi, tiles, and other NodeGpu fields.
 def node(cards: int = 2, mem: int = 8, name: str = "n1", tiles: int = 0, **extra: Any) -> NodeGpu:
     """`cards` cards with 8 i915 shares and `mem` G of memory each (and `tiles` tiles)."""
     capacity = {I915: 8, MEM: mem * G}

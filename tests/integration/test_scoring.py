@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gas.core.allocator import Placement, Policy, Rejection, dominant_resource, place
-from gas.core.model import NodeGpu, PodRequest, Usage, allocation_usage, pod_request
+from gas.core.model import I915, NodeGpu, PodRequest, Usage, allocation_usage, pod_request
 from gas.core.scoring import (
     POD_SIZES,
     cluster_placeable,
@@ -25,14 +25,10 @@ from gas.tools.inspector.report import build_report
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.ledger_checks import ledger_of, wait_for_nodes
-from tests.support.objects import container, gpu_node, gpu_pod
+from tests.support.objects import MEM, MILLI, G, card_node, container, gpu_node, gpu_pod
 from tests.support.polling import wait_for
 from tests.support.scheduler import SchedulerEmulator
 
-G = 1_000_000_000
-MEM = "gpu.intel.com/memory.max"
-I915 = "gpu.intel.com/i915"
-MILLI = "gpu.intel.com/millicores"
 BINPACK = Policy(placement="binpack")
 SPREAD = Policy(placement="spread")
 FIRST_FIT = Policy()
@@ -41,11 +37,7 @@ BIN = {"gas-policy": "binpack"}
 
 def node(name: str = "n", cards: int = 2, mem: int = 8 * G, slots: int = 4) -> NodeGpu:
     """`cards` cards, each with `mem` memory.max and `slots` i915."""
-    return NodeGpu(
-        name=name,
-        cards=tuple(f"card{i}" for i in range(cards)),
-        capacity={I915: slots, MEM: mem},
-    )
+    return card_node(cards, name, i915=slots, memory_max=mem)
 
 
 def pod(memory: int, gpus: int = 1, annotations: dict[str, str] | None = None) -> PodRequest:

@@ -16,19 +16,16 @@ import pytest
 
 from gas.cluster.kube import pending_verdict
 from gas.core.allocator import NODE_BLOCKED
-from gas.core.model import ANNOTATION_CARDS, ANNOTATION_TS
+from gas.core.model import ANNOTATION_CARDS, I915
 from gas.tools.audit import usage_from_pods
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.ledger_checks import assert_consistent, ledger_of, wait_for_nodes
-from tests.support.objects import container, gpu_node, gpu_pod
+from tests.support.objects import GI, MEM, bound_pod, container, gpu_node, gpu_pod
 from tests.support.polling import wait_for
 from tests.support.scheduler import SchedulerEmulator
 from tests.support.workload import cut_connections
 
-GI = 1024**3
-I915 = "gpu.intel.com/i915"
-MEM = "gpu.intel.com/memory.max"
 UNKNOWN_NODE = "gpu: node is not known to gas"
 PODS = "/api/v1/pods"
 
@@ -42,21 +39,6 @@ def launch(start_gas: StartGas, kubeconfig: str, tls_files: TLSFiles) -> GasProc
     process = start_gas(["--kubeConfig", kubeconfig], tls=tls_files)
     process.wait_ready()
     return process
-
-
-def bound_pod(
-    name: str,
-    node: str,
-    cards: str,
-    *containers: dict[str, Any],
-    phase: str = "Running",
-    namespace: str = "default",
-) -> dict[str, Any]:
-    """A pod as gas leaves it after a bind: on `node`, with gas's annotations."""
-    annotations = {ANNOTATION_CARDS: cards, ANNOTATION_TS: str(time.time_ns())}
-    return gpu_pod(
-        name, *containers, namespace=namespace, node=node, annotations=annotations, phase=phase
-    )
 
 
 def probe(name: str, *containers: dict[str, Any]) -> dict[str, Any]:

@@ -1,16 +1,33 @@
-"""Kubernetes objects for integration tests, as the API server stores them (JSON dicts)."""
+"""Builders for tests, and the constants they share.
+
+Three forms: Kubernetes objects as the API server stores them (JSON dicts: `gpu_node`,
+`container`, `gpu_pod`, `bound_pod`), the plainer objects gas's core reads in unit tests
+(`make_node`, `ctr`, `pod_object`: allocatable and requests only) and gas's own node
+record (`card_node`). Resource keys are short names (`i915`, `memory_max`, `millicores`)
+that `res` expands.
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping
 from typing import Any
 
-from gas.core.model import LABEL_GPU_NUMBERS
+from gas.core.model import ANNOTATION_CARDS, ANNOTATION_TS, LABEL_GPU_NUMBERS, NodeGpu
 
 PREFIX = "gpu.intel.com/"
+MEM = PREFIX + "memory.max"
+MILLI = PREFIX + "millicores"
+G = 10**9  # what "1G" means
+GI = 2**30  # what "1Gi" means
 
 
-def _res(short: str) -> str:
+def res(short: str) -> str:
+    """`memory_max` -> `gpu.intel.com/memory.max`, `i915` -> `gpu.intel.com/i915`."""
     return PREFIX + {"memory_max": "memory.max"}.get(short, short)
+
+
+# ---------------------------------------------------------------- as the API server stores them
 
 
 def gpu_node(name: str, gpu_numbers: str = "0.1", **allocatable: str) -> dict[str, Any]:
@@ -19,8 +36,8 @@ def gpu_node(name: str, gpu_numbers: str = "0.1", **allocatable: str) -> dict[st
     return {
         "metadata": {"name": name, "labels": {LABEL_GPU_NUMBERS: gpu_numbers}},
         "status": {
-            "capacity": {_res(k): v for k, v in allocatable.items()},
-            "allocatable": {_res(k): v for k, v in allocatable.items()},
+            "capacity": {res(k): v for k, v in allocatable.items()},
+            "allocatable": {res(k): v for k, v in allocatable.items()},
         },
     }
 
@@ -29,7 +46,7 @@ def container(name: str = "app", **limits: str) -> dict[str, Any]:
     return {
         "name": name,
         "image": "busybox",
-        "resources": {"limits": {_res(k): v for k, v in limits.items()}},
+        "resources": {"limits": {res(k): v for k, v in limits.items()}},
     }
 
 
@@ -58,3 +75,90 @@ def gpu_pod(
     if node:
         pod["spec"]["nodeName"] = node
     return pod
+
+
+def bound_pod(
+    name: str,
+    node: str,
+    cards: str,
+    *containers: dict[str, Any],
+    phase: str = "Running",
+    namespace: str = "default",
+    ts: str | None = None,
+) -> dict[str, Any]:
+    """A pod as gas leaves it after a bind: on `node`, with gas's annotations (`ts`: the
+    gas-ts annotation, now unless given)."""
+    annotations = {ANNOTATION_CARDS: cards, ANNOTATION_TS: ts or str(time.time_ns())}
+    return gpu_pod(
+        name, *containers, namespace=namespace, node=node, annotations=annotations, phase=phase
+    )
+
+
+# ---------------------------------------------------------------- as gas's core reads them
+
+
+def make_node(
+    name: str,
+    gpu_numbers: str | None = "0.1",
+    *,
+    labels: Mapping[str, Any] | None = None,
+    **allocatable: Any,
+) -> dict[str, Any]:
+    """A v1.Node dict with allocatable only; `gpu_numbers` is the gpu-numbers label (None:
+    no such label) and `labels` are added after it."""
+    all_labels: dict[str, Any] = {}
+    if gpu_numbers is not None:
+        all_labels[LABEL_GPU_NUMBERS] = gpu_numbers
+    all_labels.update(labels or {})
+    return {
+        "metadata": {"name": name, "labels": all_labels},
+        "status": {"allocatable": {res(k): v for k, v in allocatable.items()}},
+    }
+
+
+def ctr(name: str = "c", **requests: Any) -> dict[str, Any]:
+    """A container with requests only (no image, no limits)."""
+    return {"name": name, "resources": {"requests": {res(k): v for k, v in requests.items()}}}
+
+
+def pod_object(
+    name: str,
+    *containers: dict[str, Any],
+    namespace: str,
+    uid: str | None = None,
+    annotations: Mapping[str, Any] | None = None,
+    cards_annotation: Any = None,
+    deleting: bool = False,
+    node: str | None = None,
+    init_containers: list[dict[str, Any]] | None = None,
+    phase: str | None = "Running",
+) -> dict[str, Any]:
+    """A pod as gas's core reads it; `uid` defaults to `uid-<name>`, `cards_annotation` is
+    the gas-container-cards annotation (any value, to try malformed ones) and a pod whose
+    `phase` is None has no status."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid or f"uid-{name}"}
+    all_annotations = dict(annotations or {})
+    if cards_annotation is not None:
+        all_annotations[ANNOTATION_CARDS] = cards_annotation
+    if all_annotations:
+        metadata["annotations"] = all_annotations
+    if deleting:
+        metadata["deletionTimestamp"] = "2024-01-01T00:00:00Z"
+    spec: dict[str, Any] = {"containers": list(containers)}
+    if node is not None:
+        spec["nodeName"] = node
+    if init_containers is not None:
+        spec["initContainers"] = init_containers
+    pod: dict[str, Any] = {"metadata": metadata, "spec": spec}
+    if phase is not None:
+        pod["status"] = {"phase": phase}
+    return pod
+
+
+# ---------------------------------------------------------------- gas's node record
+
+
+def card_node(cards: int, name: str = "n1", **per_card: int) -> NodeGpu:
+    """A node with card0..card{cards-1}, each with `per_card` capacity (default i915 8)."""
+    capacity = {res(k): v for k, v in (per_card or {"i915": 8}).items()}
+    return NodeGpu(name, tuple(f"card{i}" for i in range(cards)), capacity)

@@ -14,6 +14,7 @@ from gas.core import allocator
 from gas.core.allocator import NODE_BLOCKED, Rejection, allocate
 from gas.core.model import (
     I915,
+    TILES,
     XE,
     Allocation,
     ContainerNeed,
@@ -23,23 +24,10 @@ from gas.core.model import (
     node_from_object,
     pod_request,
 )
+from tests.support.objects import MEM, MILLI, G, res
+from tests.support.objects import card_node as gpu_node
 
 MODEST = settings(max_examples=200, deadline=None)
-
-MEM = "gpu.intel.com/memory.max"
-MILLI = "gpu.intel.com/millicores"
-TILES = "gpu.intel.com/tiles"
-G = 10**9
-
-
-def res(short: str) -> str:
-    return "gpu.intel.com/" + {"memory_max": "memory.max"}.get(short, short)
-
-
-def gpu_node(cards: int, name: str = "n1", **per_card: int) -> NodeGpu:
-    """A node with card0..card{cards-1}, each with `per_card` capacity (default i915 8)."""
-    capacity = {res(k): v for k, v in (per_card or {"i915": 8}).items()}
-    return NodeGpu(name, tuple(f"card{i}" for i in range(cards)), capacity)
 
 
 def need(gpus: int = 1, name: str = "c", **requests: int) -> ContainerNeed:

@@ -13,7 +13,6 @@ import pytest
 from gas.core.allocator import Placement, Policy, Rejection, place
 from gas.core.model import (
     I915,
-    LABEL_GPU_NUMBERS,
     TILES,
     NodeGpu,
     SpecError,
@@ -23,23 +22,16 @@ from gas.core.model import (
     parse_tiles,
     pod_request,
 )
+from tests.support.objects import ctr, make_node, pod_object, res
 
 P = "telemetry.aware.scheduling.policy/"
 ALLOW_DENY = Policy(allowlist=True, denylist=True)
 
 
-def res(short: str) -> str:
-    return "gpu.intel.com/" + short
-
-
 def node(numbers: str = "0.1", labels: dict[str, str] | None = None, **alloc: str) -> NodeGpu:
+    """Node n1 as gas reads it; 4 i915 per card unless `alloc` says otherwise."""
     alloc = alloc or {"i915": str(4 * len(numbers.split(".")))}
-    return node_from_object(
-        {
-            "metadata": {"name": "n1", "labels": {LABEL_GPU_NUMBERS: numbers, **(labels or {})}},
-            "status": {"allocatable": {res(k): v for k, v in alloc.items()}},
-        }
-    )
+    return node_from_object(make_node("n1", numbers, labels=labels, **alloc))
 
 
 def tile_node(numbers: str = "0.1", tiles: int = 2, /, **labels: str) -> NodeGpu:
@@ -48,15 +40,16 @@ def tile_node(numbers: str = "0.1", tiles: int = 2, /, **labels: str) -> NodeGpu
     return node(numbers, labels, i915=str(4 * cards), tiles=str(tiles * cards))
 
 
-def ctr(name: str = "c", **requests: str) -> dict[str, Any]:
-    return {"name": name, "resources": {"requests": {res(k): v for k, v in requests.items()}}}
-
-
 def pod(*containers: dict[str, Any], **annotations: str) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": "p", "namespace": "ns", "uid": "u"}
-    if annotations:
-        metadata["annotations"] = {k.replace("_", "-"): v for k, v in annotations.items()}
-    return {"metadata": metadata, "spec": {"containers": list(containers) or [ctr(i915="1")]}}
+    """Pod p (uid u, no status); annotation keywords spell `-` as `_`."""
+    return pod_object(
+        "p",
+        *(containers or (ctr(i915="1"),)),
+        namespace="ns",
+        uid="u",
+        annotations={k.replace("_", "-"): v for k, v in annotations.items()},
+        phase=None,
+    )
 
 
 def run(

@@ -10,27 +10,21 @@ from gas.core.allocator import Placement, Policy, Rejection
 from gas.core.ledger import Ledger, observe_pod
 from gas.core.model import (
     I915,
-    LABEL_GPU_NUMBERS,
     TILES,
     format_cards,
     format_tiles,
     node_from_object,
     pod_request,
 )
+from tests.support.objects import ctr, make_node, pod_object
 
 P = "telemetry.aware.scheduling.policy/"
 
 
-def res(short: str) -> str:
-    return "gpu.intel.com/" + short
-
-
 def node_obj(numbers: str = "0.1", tiles: int = 2, **labels: str) -> dict[str, Any]:
+    """Node n1 with 4 i915 and `tiles` tiles per card."""
     cards = len(numbers.split("."))
-    return {
-        "metadata": {"name": "n1", "labels": {LABEL_GPU_NUMBERS: numbers, **labels}},
-        "status": {"allocatable": {res("i915"): str(4 * cards), res("tiles"): str(tiles * cards)}},
-    }
+    return make_node("n1", numbers, labels=labels, i915=str(4 * cards), tiles=str(tiles * cards))
 
 
 def ledger_with(obj: dict[str, Any], policy: Policy | None = None) -> Ledger:
@@ -41,19 +35,15 @@ def ledger_with(obj: dict[str, Any], policy: Policy | None = None) -> Ledger:
     return ledger
 
 
-def ctr(name: str = "c", **requests: str) -> dict[str, Any]:
-    return {"name": name, "resources": {"requests": {res(k): v for k, v in requests.items()}}}
-
-
 def make_pod(name: str, *containers: dict[str, Any], **annotations: str) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name, "namespace": "ns", "uid": f"uid-{name}"}
-    if annotations:
-        metadata["annotations"] = {k.replace("_", "-"): v for k, v in annotations.items()}
-    return {
-        "metadata": metadata,
-        "spec": {"containers": list(containers) or [ctr(i915="1", tiles="1")]},
-        "status": {"phase": "Pending"},
-    }
+    """A Pending pod; annotation keywords spell `-` as `_`."""
+    return pod_object(
+        name,
+        *(containers or (ctr(i915="1", tiles="1"),)),
+        namespace="ns",
+        annotations={k.replace("_", "-"): v for k, v in annotations.items()},
+        phase="Pending",
+    )
 
 
 def reserve(ledger: Ledger, pod: dict[str, Any]) -> Placement:

@@ -21,7 +21,6 @@ from gas.core.ledger import (
 )
 from gas.core.model import (
     I915,
-    LABEL_GPU_NUMBERS,
     NodeGpu,
     PodRequest,
     allocation_usage,
@@ -29,10 +28,7 @@ from gas.core.model import (
     node_from_object,
     pod_request,
 )
-
-MEM = "gpu.intel.com/memory.max"
-MILLI = "gpu.intel.com/millicores"
-G = 10**9
+from tests.support.objects import MEM, MILLI, G, ctr, make_node, pod_object
 
 BLOCKED_CARDS = "gpu: cards are held by a pod with an unreadable gas-container-cards annotation"
 
@@ -40,39 +36,10 @@ BLOCKED_CARDS = "gpu: cards are held by a pod with an unreadable gas-container-c
 # ---------------------------------------------------------------- helpers
 
 
-def res(short: str) -> str:
-    return "gpu.intel.com/" + {"memory_max": "memory.max"}.get(short, short)
-
-
-def make_node(name: str, cards: str = "0.1", **allocatable: Any) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "labels": {LABEL_GPU_NUMBERS: cards}},
-        "status": {"allocatable": {res(k): v for k, v in allocatable.items()}},
-    }
-
-
-def ctr(name: str = "c", **requests: Any) -> dict[str, Any]:
-    return {"name": name, "resources": {"requests": {res(k): v for k, v in requests.items()}}}
-
-
-def make_pod(
-    name: str,
-    *containers: dict[str, Any],
-    uid: str | None = None,
-    node: str | None = None,
-    cards_annotation: Any = None,
-    phase: str = "Running",
-    deleting: bool = False,
-) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name, "namespace": "ns", "uid": uid or f"uid-{name}"}
-    if cards_annotation is not None:
-        metadata["annotations"] = {"gas-container-cards": cards_annotation}
-    if deleting:
-        metadata["deletionTimestamp"] = "2024-01-01T00:00:00Z"
-    spec: dict[str, Any] = {"containers": list(containers) or [ctr(i915="1")]}
-    if node is not None:
-        spec["nodeName"] = node
-    return {"metadata": metadata, "spec": spec, "status": {"phase": phase}}
+def make_pod(name: str, *containers: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """A pod in namespace ns (`fields` as pod_object takes them); without containers, one
+    that asks for one i915."""
+    return pod_object(name, *(containers or (ctr(i915="1"),)), namespace="ns", **fields)
 
 
 def obs(pod: dict[str, Any]) -> PodObservation:

@@ -13,6 +13,7 @@ from gas.core.model import (
     I915,
     LABEL_CARDS,
     LABEL_GPU_NUMBERS,
+    TILES,
     XE,
     ContainerNeed,
     PodRequest,
@@ -30,38 +31,12 @@ from gas.core.model import (
     read_split_label,
     sort_cards,
 )
+from tests.support.objects import GI, MEM, MILLI, make_node, pod_object, res
 
 MODEST = settings(max_examples=200, deadline=None)
 
-MEM = "gpu.intel.com/memory.max"
-MILLI = "gpu.intel.com/millicores"
-TILES = "gpu.intel.com/tiles"
-GI = 2**30
 
-
-def res(short: str) -> str:
-    """`memory_max` -> `gpu.intel.com/memory.max`, `i915` -> `gpu.intel.com/i915`."""
-    return "gpu.intel.com/" + {"memory_max": "memory.max"}.get(short, short)
-
-
-def make_node(
-    name: str,
-    cards: str | None = "0.1",
-    *,
-    labels: dict[str, Any] | None = None,
-    **allocatable: Any,
-) -> dict[str, Any]:
-    """A v1.Node dict; `cards` is the gpu-numbers label (None: no such label)."""
-    all_labels: dict[str, Any] = {}
-    if cards is not None:
-        all_labels[LABEL_GPU_NUMBERS] = cards
-    all_labels.update(labels or {})
-    return {
-        "metadata": {"name": name, "labels": all_labels},
-        "status": {"allocatable": {res(k): v for k, v in allocatable.items()}},
-    }
-
-
+# Not the shared ctr: no requests map at all when none are given, and limits on demand.
 def ctr(
     name: str = "c", *, limits: dict[str, Any] | None = None, **requests: Any
 ) -> dict[str, Any]:
@@ -73,24 +48,10 @@ def ctr(
     return {"name": name, "resources": resources}
 
 
-def make_pod(
-    name: str,
-    *containers: dict[str, Any],
-    uid: str | None = None,
-    node: str | None = None,
-    cards_annotation: Any = None,
-    phase: str = "Running",
-    init_containers: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name, "namespace": "default", "uid": uid or f"uid-{name}"}
-    if cards_annotation is not None:
-        metadata["annotations"] = {"gas-container-cards": cards_annotation}
-    spec: dict[str, Any] = {"containers": list(containers) or [ctr()]}
-    if node is not None:
-        spec["nodeName"] = node
-    if init_containers is not None:
-        spec["initContainers"] = init_containers
-    return {"metadata": metadata, "spec": spec, "status": {"phase": phase}}
+def make_pod(name: str, *containers: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """A pod in namespace default (`fields` as pod_object takes them); without containers,
+    one that asks for nothing."""
+    return pod_object(name, *(containers or (ctr(),)), namespace="default", **fields)
 
 
 # ---------------------------------------------------------------- card names and order
