@@ -108,9 +108,8 @@ class _Face:
         verb = routes.VERBS.get(request.path)
         if verb is not None:
             self._metrics.latency.labels(verb).observe(time.perf_counter() - g.started)
-            outcome = getattr(response, "outcome", "") or _STATUS_OUTCOMES.get(
-                response.status_code, "error"
-            )
+            outcome = response.outcome if isinstance(response, _VerbResponse) else ""
+            outcome = outcome or _STATUS_OUTCOMES.get(response.status_code, "error")
             self._metrics.requests.labels(verb, outcome).inc()
         return response
 

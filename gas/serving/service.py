@@ -96,11 +96,11 @@ class Extender:
     lock, and bind does its API write outside it."""
 
     def __init__(self, ledger: Ledger, cluster: Cluster, options: Options | None = None) -> None:
-        self.options = options or Options()
+        self._options = options or Options()
         self._ledger = ledger
         self._cluster = cluster
-        self._memory = PodMemory(self.options.pod_memory_seconds, self.options.pod_memory_size)
-        self._notices = EventLimiter(self.options.event_repeat_seconds)
+        self._memory = PodMemory(self._options.pod_memory_seconds, self._options.pod_memory_size)
+        self._notices = EventLimiter(self._options.event_repeat_seconds)
 
     def synced(self) -> bool:
         return self._cluster.synced()
@@ -167,7 +167,7 @@ class Extender:
             candidates: list[NodeGpu | str] = list(given.values()) if given else list(names)
             results = self._ledger.check(ask, candidates, args.uid)
             # First fit scores 0 everywhere: no need to copy each node's usage for it.
-            policy = self.options.policy
+            policy = self._options.policy
             scored = policy.placement_for(ask) != FIRST_FIT
             for name in names:
                 result = results.get(name)
@@ -198,7 +198,7 @@ class Extender:
             results = {name: Rejection(str(exc), unresolvable=True) for name in proposals}
         else:
             states = self._ledger.node_states(proposals, args.uid)
-            policy = self.options.policy
+            policy = self._options.policy
             results = preemption.select_all(ask, proposals, states, policy, priority=args.priority)
         kept: dict[str, tuple[list[str], int]] = {}
         dropped: dict[str, str] = {}
