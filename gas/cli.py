@@ -11,20 +11,12 @@ import argparse
 import importlib
 import importlib.util
 import logging
-import os
 import sys
-import tempfile
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-from flask import Flask
 
 from gas import __version__
 from gas.core.durations import NANOSECONDS_PER_SECOND, parse_go_duration
 from gas.core.ledger import DEFAULT_PENDING_GRACE
-
-if TYPE_CHECKING:
-    from gas.cluster.leader import Elector
 
 log = logging.getLogger("gas")
 
@@ -199,153 +191,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return status
 
 
-def _use_demo(args: argparse.Namespace) -> bool:
-    if args.demo:
-        return True
-    if args.kubeConfig or os.environ.get("KUBECONFIG"):
-        return False
-    from gas.cluster.kube import in_cluster
-
-    if in_cluster():
-        return False
-    log.info("no kubeconfig and not in a cluster: serving the built-in demo cluster")
-    return True
-
-
 def serve(args: argparse.Namespace) -> int:
-    from gas.cluster.demo import load_demo_file
-    from gas.serving import server, tls
-    from gas.serving.extender import Options
+    # The process wiring lives with the extender; importing it here keeps the other
+    # commands from loading Flask and gunicorn.
+    from gas.serving.main import run
 
-    demo = _use_demo(args)
-    kubeconfig = args.kubeConfig or os.environ.get("KUBECONFIG")
-    if demo:
-        try:
-            demo_data = load_demo_file(args.demoFile)
-        except (OSError, ValueError) as exc:
-            log.error("cannot load the demo cluster: %s", exc)
-            return 1
-    else:
-        from gas.cluster.kube import load_api_client
-
-        try:
-            load_api_client(kubeconfig)  # fail here, with a clear message, not in the worker
-        except Exception as exc:
-            log.error("cannot load Kubernetes client configuration: %s", exc)
-            return 1
-    host = args.host or ("127.0.0.1" if demo else "0.0.0.0")
-    cert, key = args.cert, args.key
-    if not args.unsafe and not (cert and key):
-        if not demo:
-            log.error("HTTPS needs --cert and --key (or --unsafe for plain HTTP)")
-            return 2
-        directory = tempfile.mkdtemp(prefix="gas-demo-tls-")
-        cert, key = tls.write_self_signed(directory, ["localhost"])
-        log.info("demo mode: generated a throwaway self-signed certificate %s", cert)
-    if not args.unsafe and not args.cacert:
-        log.warning("no --cacert: client certificates are not verified")
-    from gas.cluster.leader import LEASE_NAME, ElectionConfig, default_identity, default_namespace
-
-    election: ElectionConfig | None = None
-    lease_namespace = args.leaderElectNamespace or default_namespace()
-    if args.leaderElect:
-        if demo:
-            log.error("--leaderElect needs a Kubernetes cluster, not the demo cluster")
-            return 2
-        try:
-            election = ElectionConfig(
-                identity=default_identity(),
-                lease_duration=args.leaseDuration,
-                renew_deadline=args.renewDeadline,
-                retry_period=args.retryPeriod,
-            )
-        except ValueError as exc:
-            log.error("%s", exc)
-            return 2
-        log.info(
-            "leader election on Lease %s/%s as %s", lease_namespace, LEASE_NAME, election.identity
-        )
-    electors: list[Elector] = []
-    from gas.core.allocator import Policy
-
-    options = Options(
-        max_request_bytes=args.maxRequestBytes,
-        policy=Policy(
-            allowlist=args.enableAllowlist,
-            denylist=args.enableDenylist,
-            balanced_resource=args.balancedResource,
-            placement=args.policy,
-        ),
-    )
-
-    def app_factory() -> Flask:
-        # Runs in the gunicorn worker, where the ledger and its sync threads must live.
-        from gas.cluster.protocol import Cluster
-        from gas.core.ledger import Ledger
-        from gas.serving.extender import create_app
-        from gas.serving.metrics import Metrics
-
-        ledger = Ledger(policy=options.policy, pending_grace=args.pendingGrace)
-        metrics = Metrics()
-        cluster: Cluster
-        if demo:
-            from gas.cluster.demo import DemoCluster
-
-            cluster = DemoCluster(ledger, demo_data)
-        else:
-            from gas.cluster.kube import KubeCluster, load_api_client
-
-            api_client = load_api_client(kubeconfig)
-            cluster = KubeCluster(ledger, api_client, metrics.sync)
-            if election is not None:
-                from gas.cluster.leader import (
-                    Elector,
-                    KubeLeaseStore,
-                    LeaderGatedCluster,
-                    leader_gauge,
-                )
-
-                store = KubeLeaseStore(
-                    api_client, lease_namespace, LEASE_NAME, election.renew_deadline
-                )
-                elector = Elector(
-                    store, election, eligible=cluster.synced, on_change=leader_gauge(metrics)
-                )
-                electors.append(elector)
-                cluster = LeaderGatedCluster(cluster, elector)
-        cluster.start()
-        return create_app(ledger, cluster, options, metrics)
-
-    def on_worker_exit() -> None:
-        # After the last request: step down and give the Lease up, so a follower takes
-        # over at once rather than after leaseDuration.
-        for elector in electors:
-            elector.stop()
-
-    scheme = "http" if args.unsafe else "https"
-    log.info(
-        "gas %s serving %s://%s:%d (%s)",
-        __version__,
-        scheme,
-        host,
-        args.port,
-        "demo cluster" if demo else "Kubernetes cluster",
-    )
-    server.serve(
-        app_factory,
-        host=host,
-        port=args.port,
-        certfile=None if args.unsafe else cert,
-        keyfile=None if args.unsafe else key,
-        cafile=None if args.unsafe else args.cacert,
-        unsafe=args.unsafe,
-        threads=args.threads,
-        # Longer than Go's 90 s idle timeout, so kube-scheduler, not gas, closes idle
-        # connections: a POST racing a server-side close would fail without a retry.
-        keepalive=120,
-        on_worker_exit=on_worker_exit,
-    )
-    return 0
+    return run(args, __version__)
 
 
 if __name__ == "__main__":  # pragma: no cover

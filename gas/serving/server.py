@@ -26,6 +26,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from gunicorn.app.base import BaseApplication  # type: ignore[import-untyped]
@@ -41,7 +42,7 @@ from gas.serving.tls import TLS12_CIPHERS, TLSConfigError, server_ssl_context
 if TYPE_CHECKING:
     import flask
 
-__all__ = ["DEFAULT_PORT", "build_options", "serve"]
+__all__ = ["DEFAULT_PORT", "ServerSettings", "build_options", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -425,125 +426,9 @@ def _ensure_logging(log_level: str) -> None:
     )
 
 
-def build_options(
-    *,
-    host: str = "0.0.0.0",
-    port: int = DEFAULT_PORT,
-    certfile: str | None = None,
-    keyfile: str | None = None,
-    cafile: str | None = None,
-    unsafe: bool = False,
-    threads: int = 8,
-    timeout: int = 30,
-    graceful_timeout: int = 20,
-    keepalive: int = 75,
-    max_request_header_bytes: int = 8190,
-    handshake_timeout: float | None = 10.0,
-    access_log: bool = False,
-    log_level: str = "info",
-    on_worker_exit: Callable[[], None] | None = None,
-) -> dict[str, Any]:
-    """The gunicorn settings ``serve`` uses; validates arguments and TLS files.
-
-    Raises ``TLSConfigError`` for TLS problems and ``ValueError`` for other bad arguments,
-    before anything listens.
-    """
-    if not 1 <= port <= 65535:
-        raise ValueError(f"port must be between 1 and 65535, got {port}")
-    _check_positive("threads", threads)
-    _check_positive("timeout", timeout)
-    _check_positive("graceful_timeout", graceful_timeout, 0)
-    _check_positive("keepalive", keepalive, 0)
-    _check_positive("max_request_header_bytes", max_request_header_bytes, 256)
-    if handshake_timeout is not None:
-        _check_positive("handshake_timeout", handshake_timeout, 0.001)
-    level = _log_level(log_level)
-
-    options: dict[str, Any] = {
-        "bind": [_bind_address(host, port)],
-        # Exactly one worker: the ledger is per process (see the module docstring).
-        "workers": 1,
-        "worker_class": f"{__name__}.QuickQuitThreadWorker",
-        "threads": threads,
-        "preload_app": False,
-        # A restarting worker would drop the ledger and its in-flight reservations.
-        "max_requests": 0,
-        "timeout": timeout,
-        "graceful_timeout": graceful_timeout,
-        "keepalive": keepalive,
-        "limit_request_line": min(max_request_header_bytes, _GUNICORN_MAX_REQUEST_LINE),
-        "limit_request_field_size": max_request_header_bytes,
-        "accesslog": "-" if access_log else None,
-        "errorlog": "-",
-        "loglevel": level,
-        "proc_name": "gas",
-        # gunicorn >= 25 opens a control socket under $HOME or $XDG_RUNTIME_DIR by default:
-        # nothing uses it here, it fails on read-only filesystems, and two servers for the
-        # same user would fight over the same path.
-        "control_socket_disable": True,
-        "worker_tmp_dir": _worker_tmp_dir(),
-        "worker_abort": _on_worker_abort,
-        "worker_exit": _make_worker_exit_hook(on_worker_exit),
-    }
-    if unsafe:
-        if certfile or keyfile or cafile:
-            log.warning("--unsafe given: serving plain HTTP, the TLS files are ignored")
-        return options
-
-    missing = [name for name, value in (("certfile", certfile), ("keyfile", keyfile)) if not value]
-    if missing or certfile is None or keyfile is None:
-        raise TLSConfigError(
-            "HTTPS needs a certificate and a key but "
-            + " and ".join(missing)
-            + (" is" if len(missing) == 1 else " are")
-            + " not set; give both, or choose plain HTTP explicitly with unsafe=True (--unsafe)"
-        )
-    # Built here, in the calling process, so that a bad file fails before gunicorn starts
-    # (gunicorn would only log it and exit); the worker inherits this context.
-    hook = _ReloadingContext(certfile, keyfile, cafile, handshake_timeout)
-    options.update(
-        {
-            # gunicorn decides "is this HTTPS" from certfile/keyfile and checks that they
-            # exist; the context itself comes from the hook.
-            "certfile": certfile,
-            "keyfile": keyfile,
-            "ca_certs": cafile,
-            "cert_reqs": ssl.CERT_REQUIRED if cafile else ssl.CERT_NONE,
-            "ciphers": TLS12_CIPHERS,
-            # The handshake runs inside wrap_socket, where ServerSSLContext bounds it in
-            # time; gunicorn's own later do_handshake() call is then skipped.
-            "do_handshake_on_connect": True,
-            "ssl_context": hook,
-        }
-    )
-    return options
-
-
-def serve(
-    app_factory: Callable[[], flask.Flask],
-    *,
-    host: str = "0.0.0.0",
-    port: int = DEFAULT_PORT,
-    certfile: str | None = None,
-    keyfile: str | None = None,
-    cafile: str | None = None,
-    unsafe: bool = False,
-    threads: int = 8,
-    timeout: int = 30,
-    graceful_timeout: int = 20,
-    keepalive: int = 75,
-    max_request_header_bytes: int = 8190,
-    handshake_timeout: float | None = 10.0,
-    access_log: bool = False,
-    log_level: str = "info",
-    on_worker_exit: Callable[[], None] | None = None,
-) -> NoReturn:
-    """Run the app under gunicorn until SIGTERM/SIGINT; never returns.
-
-    The calling process becomes the gunicorn master: call this from the main thread,
-    before starting any thread or client (they would not survive the fork). The master
-    forks one worker, which calls ``app_factory()``; build everything stateful there. If
-    the worker dies, the master starts a new one, which calls ``app_factory()`` again.
+@dataclass(frozen=True, kw_only=True)
+class ServerSettings:
+    """How ``serve`` listens and runs; ``build_options`` checks it.
 
     HTTPS with ``certfile``/``keyfile`` (mutual TLS when ``cafile`` is given) unless
     ``unsafe``. ``host`` "0.0.0.0" listens on IPv4; "::" (or "[::]") on IPv6, which on
@@ -556,33 +441,123 @@ def serve(
     ``handshake_timeout``: a client that does not finish the TLS handshake in time is
     dropped, so that stalled handshakes cannot tie up the worker's threads.
     ``on_worker_exit``: called in the worker after it stopped serving, to stop background
-    threads started by ``app_factory`` (non-daemon threads would otherwise keep the worker
+    threads started by the app factory (non-daemon threads would otherwise keep the worker
     alive until the master kills it at ``graceful_timeout``).
+    """
+
+    host: str = "0.0.0.0"
+    port: int = DEFAULT_PORT
+    certfile: str | None = None
+    keyfile: str | None = None
+    cafile: str | None = None
+    unsafe: bool = False
+    threads: int = 8
+    timeout: int = 30
+    graceful_timeout: int = 20
+    keepalive: int = 75
+    max_request_header_bytes: int = 8190
+    handshake_timeout: float | None = 10.0
+    access_log: bool = False
+    log_level: str = "info"
+    on_worker_exit: Callable[[], None] | None = None
+
+
+def build_options(settings: ServerSettings) -> dict[str, Any]:
+    """The gunicorn settings ``serve`` uses; validates the settings and TLS files.
+
+    Raises ``TLSConfigError`` for TLS problems and ``ValueError`` for other bad settings,
+    before anything listens.
+    """
+    if not 1 <= settings.port <= 65535:
+        raise ValueError(f"port must be between 1 and 65535, got {settings.port}")
+    _check_positive("threads", settings.threads)
+    _check_positive("timeout", settings.timeout)
+    _check_positive("graceful_timeout", settings.graceful_timeout, 0)
+    _check_positive("keepalive", settings.keepalive, 0)
+    _check_positive("max_request_header_bytes", settings.max_request_header_bytes, 256)
+    if settings.handshake_timeout is not None:
+        _check_positive("handshake_timeout", settings.handshake_timeout, 0.001)
+    level = _log_level(settings.log_level)
+    header_bytes = settings.max_request_header_bytes
+
+    options: dict[str, Any] = {
+        "bind": [_bind_address(settings.host, settings.port)],
+        # Exactly one worker: the ledger is per process (see the module docstring).
+        "workers": 1,
+        "worker_class": f"{__name__}.QuickQuitThreadWorker",
+        "threads": settings.threads,
+        "preload_app": False,
+        # A restarting worker would drop the ledger and its in-flight reservations.
+        "max_requests": 0,
+        "timeout": settings.timeout,
+        "graceful_timeout": settings.graceful_timeout,
+        "keepalive": settings.keepalive,
+        "limit_request_line": min(header_bytes, _GUNICORN_MAX_REQUEST_LINE),
+        "limit_request_field_size": header_bytes,
+        "accesslog": "-" if settings.access_log else None,
+        "errorlog": "-",
+        "loglevel": level,
+        "proc_name": "gas",
+        # gunicorn >= 25 opens a control socket under $HOME or $XDG_RUNTIME_DIR by default:
+        # nothing uses it here, it fails on read-only filesystems, and two servers for the
+        # same user would fight over the same path.
+        "control_socket_disable": True,
+        "worker_tmp_dir": _worker_tmp_dir(),
+        "worker_abort": _on_worker_abort,
+        "worker_exit": _make_worker_exit_hook(settings.on_worker_exit),
+    }
+    if settings.unsafe:
+        if settings.certfile or settings.keyfile or settings.cafile:
+            log.warning("--unsafe given: serving plain HTTP, the TLS files are ignored")
+        return options
+    options.update(_tls_options(settings))
+    return options
+
+
+def _tls_options(settings: ServerSettings) -> dict[str, Any]:
+    certfile, keyfile, cafile = settings.certfile, settings.keyfile, settings.cafile
+    missing = [name for name, value in (("certfile", certfile), ("keyfile", keyfile)) if not value]
+    if missing or certfile is None or keyfile is None:
+        raise TLSConfigError(
+            "HTTPS needs a certificate and a key but "
+            + " and ".join(missing)
+            + (" is" if len(missing) == 1 else " are")
+            + " not set; give both, or choose plain HTTP explicitly with unsafe=True (--unsafe)"
+        )
+    # Built here, in the calling process, so that a bad file fails before gunicorn starts
+    # (gunicorn would only log it and exit); the worker inherits this context.
+    hook = _ReloadingContext(certfile, keyfile, cafile, settings.handshake_timeout)
+    return {
+        # gunicorn decides "is this HTTPS" from certfile/keyfile and checks that they
+        # exist; the context itself comes from the hook.
+        "certfile": certfile,
+        "keyfile": keyfile,
+        "ca_certs": cafile,
+        "cert_reqs": ssl.CERT_REQUIRED if cafile else ssl.CERT_NONE,
+        "ciphers": TLS12_CIPHERS,
+        # The handshake runs inside wrap_socket, where ServerSSLContext bounds it in
+        # time; gunicorn's own later do_handshake() call is then skipped.
+        "do_handshake_on_connect": True,
+        "ssl_context": hook,
+    }
+
+
+def serve(app_factory: Callable[[], flask.Flask], settings: ServerSettings) -> NoReturn:
+    """Run the app under gunicorn until SIGTERM/SIGINT, as ``settings`` say; never returns.
+
+    The calling process becomes the gunicorn master: call this from the main thread,
+    before starting any thread or client (they would not survive the fork). The master
+    forks one worker, which calls ``app_factory()``; build everything stateful there. If
+    the worker dies, the master starts a new one, which calls ``app_factory()`` again.
 
     Exits through ``SystemExit``: 0 after a clean shutdown, 3 if the worker failed to boot
     (``app_factory`` raised), 1 if the address cannot be bound. In the worker process,
     ``SystemExit`` also ends the process; do not catch it around this call.
     Raises ``TLSConfigError`` or ``ValueError`` for a bad configuration before listening.
     """
-    _ensure_logging(_log_level(log_level))
-    options = build_options(
-        host=host,
-        port=port,
-        certfile=certfile,
-        keyfile=keyfile,
-        cafile=cafile,
-        unsafe=unsafe,
-        threads=threads,
-        timeout=timeout,
-        graceful_timeout=graceful_timeout,
-        keepalive=keepalive,
-        max_request_header_bytes=max_request_header_bytes,
-        handshake_timeout=handshake_timeout,
-        access_log=access_log,
-        log_level=log_level,
-        on_worker_exit=on_worker_exit,
-    )
-    if unsafe:
+    _ensure_logging(_log_level(settings.log_level))
+    options = build_options(settings)
+    if settings.unsafe:
         log.warning(
             "serving plain HTTP on %s: no TLS, no client authentication", options["bind"][0]
         )

@@ -34,7 +34,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 import gas.serving.server
 from gas.serving import tls
-from gas.serving.server import build_options, serve
+from gas.serving.server import ServerSettings, build_options, serve
 from tests.support.gasproc import child_pids
 from tests.support.tlsprobe import local_handshake, permissive_server_context
 
@@ -579,25 +579,27 @@ def test_serve_options_and_refusals_before_listening(pki: PKI) -> None:
         raise AssertionError("the app must not be built in the calling process")
 
     with pytest.raises(tls.TLSConfigError, match="unsafe"):
-        serve(factory, port=free_port())
+        serve(factory, ServerSettings(port=free_port()))
     with pytest.raises(tls.TLSConfigError, match="keyfile is not set"):
-        serve(factory, port=free_port(), certfile=pki.server_ec.cert)
+        serve(factory, ServerSettings(port=free_port(), certfile=pki.server_ec.cert))
     with pytest.raises(tls.TLSConfigError, match="does not match"):
-        serve(factory, certfile=pki.server_ec.cert, keyfile=pki.server_rsa.key)
+        serve(factory, ServerSettings(certfile=pki.server_ec.cert, keyfile=pki.server_rsa.key))
     with pytest.raises(ValueError, match="threads"):
-        serve(factory, unsafe=True, threads=0)
+        serve(factory, ServerSettings(unsafe=True, threads=0))
 
-    options = build_options(certfile=pki.server_ec.cert, keyfile=pki.server_ec.key, cafile=pki.ca)
+    options = build_options(
+        ServerSettings(certfile=pki.server_ec.cert, keyfile=pki.server_ec.key, cafile=pki.ca)
+    )
     assert options["workers"] == 1
     assert options["worker_class"] == "gas.serving.server.QuickQuitThreadWorker"
     assert options["preload_app"] is False
     assert options["bind"] == ["0.0.0.0:9001"]
     assert options["cert_reqs"] == ssl.CERT_REQUIRED
     assert options["accesslog"] is None
-    plain = build_options(unsafe=True, host="::", port=8080)
+    plain = build_options(ServerSettings(unsafe=True, host="::", port=8080))
     assert plain["bind"] == ["[::]:8080"]
     assert "certfile" not in plain and "ssl_context" not in plain
-    assert build_options(unsafe=True, host="[::1]")["bind"] == ["[::1]:9001"]
+    assert build_options(ServerSettings(unsafe=True, host="[::1]"))["bind"] == ["[::1]:9001"]
 
 
 # ----------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 
 from flask import Flask, jsonify, request
 
-from gas.serving.server import serve
+from gas.serving.server import ServerSettings, serve
 
 _state_lock = threading.Lock()
 _state: dict[str, Any] = {"in_flight": 0, "served": 0}
@@ -96,8 +96,7 @@ def main() -> None:
             with open(args.exit_marker, "w") as f:
                 f.write(str(os.getpid()))
 
-    serve(
-        lambda: create_app(fail=args.fail_in_factory),
+    settings = ServerSettings(
         host=args.host,
         port=args.port,
         certfile=args.cert,
@@ -110,6 +109,7 @@ def main() -> None:
         log_level="debug",
         on_worker_exit=on_worker_exit,
     )
+    serve(lambda: create_app(fail=args.fail_in_factory), settings)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,218 @@
+"""`gas serve`: from the command's flags to the extender running under gunicorn.
+
+Decided in the calling process, before gunicorn forks, so that a bad flag or file fails
+at once with a clear message: which cluster to serve (Kubernetes, or the built-in demo),
+the TLS files, leader election, the extender's options. Built in the worker, after the
+fork (threads do not survive it): the ledger, the cluster and its list+watch threads, the
+elector, the Flask app.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gas.cluster.demo import DemoCluster, load_demo_file
+from gas.cluster.leader import LEASE_NAME, ElectionConfig, default_identity, default_namespace
+from gas.cluster.protocol import Cluster
+from gas.core.allocator import Policy
+from gas.core.ledger import Ledger
+from gas.serving import server, tls
+from gas.serving.extender import create_app
+from gas.serving.metrics import Metrics
+from gas.serving.service import Options
+
+if TYPE_CHECKING:
+    from flask import Flask
+
+    from gas.cluster.leader import Elector
+
+# The command's own logger: its messages read as `gas`'s, whichever module says them.
+log = logging.getLogger("gas")
+
+# Longer than Go's 90 s idle timeout, so kube-scheduler, not gas, closes idle connections:
+# a POST racing a server-side close would fail without a retry.
+KEEPALIVE_SECONDS = 120
+
+
+class StartupError(Exception):
+    """`gas serve` cannot start; the message says why, `status` is the exit status."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """What the gunicorn worker builds the extender from."""
+
+    options: Options
+    pending_grace: float
+    # The demo cluster's nodes and pods, or None to serve the Kubernetes cluster.
+    demo_data: dict[str, Any] | None
+    kubeconfig: str | None
+    # Leader election and the Lease's namespace, or None for a single replica.
+    election: tuple[ElectionConfig, str] | None
+
+
+def run(args: argparse.Namespace, version: str) -> int:
+    """Serve until stopped (0), or the exit status when gas cannot start: 1 when the
+    cluster's configuration cannot be loaded, 2 for flags that do not go together.
+    `version` is gas's, for the log."""
+    try:
+        demo = use_demo(args)
+        kubeconfig = args.kubeConfig or os.environ.get("KUBECONFIG")
+        demo_data = None
+        if demo:
+            demo_data = load_demo(args.demoFile)
+        else:
+            check_kubeconfig(kubeconfig)
+        cert, key = tls_files(args, demo)
+        election = election_config(args, demo)
+    except StartupError as exc:
+        log.error("%s", exc)
+        return exc.status
+    plan = WorkerPlan(extender_options(args), args.pendingGrace, demo_data, kubeconfig, election)
+    worker = Worker(plan)
+    host = args.host or ("127.0.0.1" if demo else "0.0.0.0")
+    scheme = "http" if args.unsafe else "https"
+    where = "demo cluster" if demo else "Kubernetes cluster"
+    log.info("gas %s serving %s://%s:%d (%s)", version, scheme, host, args.port, where)
+    settings = server.ServerSettings(
+        host=host,
+        port=args.port,
+        certfile=None if args.unsafe else cert,
+        keyfile=None if args.unsafe else key,
+        cafile=None if args.unsafe else args.cacert,
+        unsafe=args.unsafe,
+        threads=args.threads,
+        keepalive=KEEPALIVE_SECONDS,
+        on_worker_exit=worker.stop,
+    )
+    server.serve(worker.build_app, settings)
+    return 0
+
+
+def use_demo(args: argparse.Namespace) -> bool:
+    """--demo, or neither a kubeconfig nor a pod's service account to reach a cluster."""
+    if args.demo:
+        return True
+    if args.kubeConfig or os.environ.get("KUBECONFIG"):
+        return False
+    from gas.cluster.kube import in_cluster
+
+    if in_cluster():
+        return False
+    log.info("no kubeconfig and not in a cluster: serving the built-in demo cluster")
+    return True
+
+
+def load_demo(path: str | None) -> dict[str, Any]:
+    try:
+        return load_demo_file(path)
+    except (OSError, ValueError) as exc:
+        raise StartupError(f"cannot load the demo cluster: {exc}", 1) from None
+
+
+def check_kubeconfig(kubeconfig: str | None) -> None:
+    """Fails here, with a clear message, rather than in the worker."""
+    from gas.cluster.kube import load_api_client
+
+    try:
+        load_api_client(kubeconfig)
+    except Exception as exc:
+        raise StartupError(f"cannot load Kubernetes client configuration: {exc}", 1) from None
+
+
+def tls_files(args: argparse.Namespace, demo: bool) -> tuple[str | None, str | None]:
+    """The server's certificate and key: as given, or for the demo cluster a throwaway
+    self-signed pair."""
+    cert, key = args.cert, args.key
+    if not args.unsafe and not (cert and key):
+        if not demo:
+            raise StartupError("HTTPS needs --cert and --key (or --unsafe for plain HTTP)", 2)
+        directory = tempfile.mkdtemp(prefix="gas-demo-tls-")
+        cert, key = tls.write_self_signed(directory, ["localhost"])
+        log.info("demo mode: generated a throwaway self-signed certificate %s", cert)
+    if not args.unsafe and not args.cacert:
+        log.warning("no --cacert: client certificates are not verified")
+    return cert, key
+
+
+def election_config(args: argparse.Namespace, demo: bool) -> tuple[ElectionConfig, str] | None:
+    """With --leaderElect: the election's timings and identity, and the Lease's namespace."""
+    if not args.leaderElect:
+        return None
+    if demo:
+        raise StartupError("--leaderElect needs a Kubernetes cluster, not the demo cluster", 2)
+    try:
+        config = ElectionConfig(
+            identity=default_identity(),
+            lease_duration=args.leaseDuration,
+            renew_deadline=args.renewDeadline,
+            retry_period=args.retryPeriod,
+        )
+    except ValueError as exc:
+        raise StartupError(str(exc), 2) from None
+    namespace = args.leaderElectNamespace or default_namespace()
+    log.info("leader election on Lease %s/%s as %s", namespace, LEASE_NAME, config.identity)
+    return config, namespace
+
+
+def extender_options(args: argparse.Namespace) -> Options:
+    return Options(
+        max_request_bytes=args.maxRequestBytes,
+        policy=Policy(
+            allowlist=args.enableAllowlist,
+            denylist=args.enableDenylist,
+            balanced_resource=args.balancedResource,
+            placement=args.policy,
+        ),
+    )
+
+
+class Worker:
+    """Builds the extender in the gunicorn worker, and stops its elector when the worker
+    exits."""
+
+    def __init__(self, plan: WorkerPlan) -> None:
+        self._plan = plan
+        self._electors: list[Elector] = []
+
+    def build_app(self) -> Flask:
+        # Runs in the gunicorn worker, where the ledger and its sync threads must live.
+        plan = self._plan
+        ledger = Ledger(policy=plan.options.policy, pending_grace=plan.pending_grace)
+        metrics = Metrics()
+        cluster = self._cluster(ledger, metrics)
+        cluster.start()
+        return create_app(ledger, cluster, plan.options, metrics)
+
+    def _cluster(self, ledger: Ledger, metrics: Metrics) -> Cluster:
+        plan = self._plan
+        if plan.demo_data is not None:
+            return DemoCluster(ledger, plan.demo_data)
+        from gas.cluster.kube import KubeCluster, load_api_client
+
+        api_client = load_api_client(plan.kubeconfig)
+        cluster = KubeCluster(ledger, api_client, metrics.sync)
+        if plan.election is None:
+            return cluster
+        from gas.cluster.leader import Elector, KubeLeaseStore, LeaderGatedCluster, leader_gauge
+
+        config, namespace = plan.election
+        store = KubeLeaseStore(api_client, namespace, LEASE_NAME, config.renew_deadline)
+        elector = Elector(store, config, eligible=cluster.synced, on_change=leader_gauge(metrics))
+        self._electors.append(elector)
+        return LeaderGatedCluster(cluster, elector)
+
+    def stop(self) -> None:
+        # After the last request: step down and give the Lease up, so a follower takes
+        # over at once rather than after leaseDuration.
+        for elector in self._electors:
+            elector.stop()
