@@ -120,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
         "pod is read and its cards released if it is not bound by gas (2m: keep it above "
         "the API server's --request-timeout)",
     )
+    _add_bool(
+        serve,
+        "--bindEvents",
+        "post a GPUsAllocated Event on each pod gas binds (a second API write per bind; "
+        "failure Events are always posted)",
+    )
     serve.add_argument("--v", type=int, default=2, help="log verbosity: 0-3 info, 4+ debug")
     _add_bool(
         serve,

@@ -167,6 +167,7 @@ def election_config(args: argparse.Namespace, demo: bool) -> tuple[ElectionConfi
 def extender_options(args: argparse.Namespace) -> Options:
     return Options(
         max_request_bytes=args.maxRequestBytes,
+        bind_events=args.bindEvents,
         policy=Policy(
             allowlist=args.enableAllowlist,
             denylist=args.enableDenylist,

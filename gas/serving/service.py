@@ -62,6 +62,10 @@ class Options:
     pod_memory_seconds: float = 600.0
     pod_memory_size: int = 20_000
     event_repeat_seconds: float = 300.0
+    # A `GPUsAllocated` Event per bind is a second API write per pod, next to
+    # kube-scheduler's own `Scheduled`: off unless asked for (--bindEvents). Failure Events
+    # are always posted.
+    bind_events: bool = False
     # --enableAllowlist, --enableDenylist, --balancedResource: read by the ledger's
     # allocator, so the ledger must be built with this same policy.
     policy: Policy = field(default_factory=Policy)
@@ -262,7 +266,9 @@ class Extender:
                 wire.error_result(error), Outcome(failure.label, decision, rejections=rejections)
             )
         decision = decision_record("bind", pod_ref, node=node, result="bound", cards=cards)
-        self._notify(pod_ref, "Normal", "GPUsAllocated", f"gas gave {describe(cards)} on {node}")
+        if self._options.bind_events:
+            message = f"gas gave {describe(cards)} on {node}"
+            self._notify(pod_ref, "Normal", "GPUsAllocated", message)
         return Reply(wire.error_result(""), Outcome(BOUND, decision))
 
     def _bind(self, args: BindingArgs) -> str:

@@ -139,7 +139,9 @@ def test_gas_runs_its_whole_life_on_the_granted_rbac(
     )
     api.add_pod(running)
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-    gas = GasProcess(["--kubeConfig", kubeconfig, "--v", "5"], tmp_path / "gas.log", tls_files)
+    # --bindEvents: every call gas can make, the optional success Event included.
+    args = ["--kubeConfig", kubeconfig, "--v", "5", "--bindEvents"]
+    gas = GasProcess(args, tmp_path / "gas.log", tls_files)
     try:
         gas.wait_ready()
         wait_for_nodes(gas, "n1", "small")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from tests.support.apiserver import ApiServerDouble
-from tests.support.gasproc import GasProcess
+from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.ledger_checks import wait_for_nodes
 from tests.support.objects import container, gpu_node, gpu_pod
 from tests.support.polling import wait_for
@@ -72,7 +73,14 @@ def test_metrics_after_traffic(gas: GasProcess, apiserver: ApiServerDouble) -> N
     assert metric(text, "gas_ledger_pods", state="reserved") == 0
 
 
-def test_events_explain_binds_and_pending_pods(gas: GasProcess, apiserver: ApiServerDouble) -> None:
+def test_events_explain_binds_and_pending_pods(
+    start_gas: Callable[..., GasProcess],
+    kubeconfig: str,
+    tls_files: TLSFiles,
+    apiserver: ApiServerDouble,
+) -> None:
+    gas = start_gas(["--kubeConfig", kubeconfig, "--bindEvents"], tls=tls_files)
+    gas.wait_ready()
     apiserver.add_node(gpu_node("e1", "0", i915="1", memory_max="8Gi"))
     wait_for_nodes(gas, "e1")
     ok = apiserver.add_pod(gpu_pod("ok", container(i915="1", memory_max="4Gi")))
@@ -117,3 +125,27 @@ def test_decisions_are_logged_as_json_lines(gas: GasProcess, apiserver: ApiServe
         "result": "bound",
         "cards": "card0,card1",
     }
+
+
+def test_a_bind_is_one_api_write_without_bind_events(
+    gas: GasProcess, apiserver: ApiServerDouble
+) -> None:
+    apiserver.add_node(gpu_node("e1", "0", i915="1", memory_max="8Gi"))
+    wait_for_nodes(gas, "e1")
+    ok = apiserver.add_pod(gpu_pod("ok", container(i915="1", memory_max="4Gi")))
+
+    def writes() -> list[tuple[str, str]]:
+        return [(m, path) for m, path in apiserver.requests if m in ("POST", "PATCH", "PUT")]
+
+    before = len(writes())
+    assert gas.bind(ok, "e1") == ""
+    # A later Warning Event shows gas's event queue has been flushed past the bind.
+    waits = apiserver.add_pod(gpu_pod("waits", container(i915="1", memory_max="8Gi")))
+    reply = gas.post("/scheduler/filter", {"Pod": waits, "NodeNames": ["e1"]}).json()
+    assert reply["NodeNames"] == []
+    wait_for(lambda: apiserver.events, what="the NoGPUFit event")
+    assert [e["reason"] for e in apiserver.events] == ["NoGPUFit"]
+    assert writes()[before:] == [
+        ("POST", "/api/v1/namespaces/default/pods/ok/binding"),
+        ("POST", "/api/v1/namespaces/default/events"),
+    ]

@@ -169,7 +169,8 @@ def test_verbs_answer_not_synced_before_the_cluster_is() -> None:
 # ---------------------------------------------------------------- bind
 
 
-def test_bind_after_filter_reserves_writes_and_commits(demo: Demo) -> None:
+def test_bind_after_filter_reserves_writes_and_commits() -> None:
+    demo = Demo(options=Options(bind_events=True))
     p = pod("fresh", memory="10Gi")  # not in the cluster: known only from the filter call
     demo.extender.filter(names_args(p))
     reply = demo.extender.bind(bind_args(p, "demo-4cards"))
@@ -188,6 +189,14 @@ def test_bind_after_filter_reserves_writes_and_commits(demo: Demo) -> None:
     assert (decision["node"], decision["cards"]) == ("demo-4cards", cards)
     (event,) = demo.events("GPUsAllocated")
     assert event["message"] == "gas gave cards card0 on demo-4cards"
+
+
+def test_a_bind_posts_no_success_event_by_default(demo: Demo) -> None:
+    p = pod("quiet", memory="10Gi")
+    demo.extender.filter(names_args(p))
+    assert demo.extender.bind(bind_args(p, "demo-4cards")).outcome.label == "bound"
+    assert demo.state("uid-quiet") is State.BOUND
+    assert demo.cluster.events == []
 
 
 def test_bind_of_a_pod_gas_never_saw_reads_it_from_the_cluster() -> None:
