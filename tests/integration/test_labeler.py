@@ -23,25 +23,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gas.cli import _go_style, build_parser
-from gas.core.model import (
-    LABEL_CARDS,
-    LABEL_GPU_NUMBERS,
-    LABEL_NUMA_MAP,
-    node_cards,
-    read_split_label,
-)
+from gas.core.model import LABEL_CARDS, LABEL_GPU_NUMBERS, node_cards, read_split_label
+from gas.node import discovery, kubeapi
 from gas.node.cards import Card
-from gas.tools import label_node as labeler
-from gas.tools.label_node import (
+from gas.node.discovery import cards_from_udev
+from gas.node.labels import (
+    LABEL_NUMA_GPU_MAP,
     card_labels,
-    cards_from_udev,
-    discover_sysfs,
     label_changes,
     managed_bases,
-    parse_vendors,
-    select_cards,
     split_label,
 )
+from gas.tools import label_node as labeler
+from gas.tools.label_node import discover_sysfs, parse_vendors, select_cards
 from tests.support.apiserver import ApiServerDouble
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -236,8 +230,8 @@ def test_numa_map_over_two_sockets(tmp_path: Path) -> None:
     gpus = [FakeGpu(0), FakeGpu(1), FakeGpu(2, numa="1"), FakeGpu(3, numa="1")]
     cards = discover_sysfs(build_sysfs(tmp_path, gpus))
     assert [c.numa_node for c in cards] == [0, 0, 1, 1]
-    assert card_labels(cards, numa=True)[LABEL_NUMA_MAP] == "0-0.1_1-2.3"
-    assert LABEL_NUMA_MAP not in card_labels(cards)
+    assert card_labels(cards, numa=True)[LABEL_NUMA_GPU_MAP] == "0-0.1_1-2.3"
+    assert LABEL_NUMA_GPU_MAP not in card_labels(cards)
 
 
 def test_unknown_numa_nodes_are_left_out_of_the_map(tmp_path: Path) -> None:
@@ -245,10 +239,10 @@ def test_unknown_numa_nodes_are_left_out_of_the_map(tmp_path: Path) -> None:
     cards = discover_sysfs(build_sysfs(tmp_path, gpus))
     assert [c.numa_node for c in cards] == [1, None, None, 0]
     labels = card_labels(cards, numa=True)
-    assert labels[LABEL_NUMA_MAP] == "0-3_1-0"
+    assert labels[LABEL_NUMA_GPU_MAP] == "0-3_1-0"
     assert labels[LABEL_GPU_NUMBERS] == "0.1.2.3"
     all_unknown = discover_sysfs(build_sysfs(tmp_path / "b", intel(0, 1, numa="-1")))
-    assert LABEL_NUMA_MAP not in card_labels(all_unknown, numa=True)
+    assert LABEL_NUMA_GPU_MAP not in card_labels(all_unknown, numa=True)
 
 
 # ---------------------------------------------------------------- split labels
@@ -262,8 +256,8 @@ def test_forty_cards_need_split_labels_that_read_back(tmp_path: Path) -> None:
         LABEL_GPU_NUMBERS,
         LABEL_GPU_NUMBERS + "2",
         *(LABEL_CARDS + suffix for suffix in ("", "2", "3", "4", "5")),
-        LABEL_NUMA_MAP,
-        LABEL_NUMA_MAP + "2",
+        LABEL_NUMA_GPU_MAP,
+        LABEL_NUMA_GPU_MAP + "2",
     }
     assert all(valid_label_value(v) for v in labels.values())
     assert labels[LABEL_GPU_NUMBERS + "2"].startswith("Z.")
@@ -272,7 +266,7 @@ def test_forty_cards_need_split_labels_that_read_back(tmp_path: Path) -> None:
     assert node_cards(labels) == expected
     assert read_split_label(labels, LABEL_CARDS) == ".".join(expected)
     evens, odds = ".".join(map(str, range(0, 40, 2))), ".".join(map(str, range(1, 40, 2)))
-    assert read_split_label(labels, LABEL_NUMA_MAP) == f"0-{evens}_1-{odds}"
+    assert read_split_label(labels, LABEL_NUMA_GPU_MAP) == f"0-{evens}_1-{odds}"
     # gas and GAS read `cards` only without `gpu-numbers`, and then not its continuations:
     # such a reader would see the first cards only. The labeller always writes both.
     legacy = node_cards({k: v for k, v in labels.items() if not k.startswith(LABEL_GPU_NUMBERS)})
@@ -298,13 +292,13 @@ def test_split_labels_are_valid_and_read_back(numbers: set[int]) -> None:
     for key, value in labels.items():
         assert valid_label_value(value), (key, value)
         assert value, key
-    for base in (LABEL_GPU_NUMBERS, LABEL_CARDS, LABEL_NUMA_MAP):
+    for base in (LABEL_GPU_NUMBERS, LABEL_CARDS, LABEL_NUMA_GPU_MAP):
         parts = sorted((k for k in labels if k.startswith(base)), key=len)
         assert parts == [base] + [f"{base}{i}" for i in range(2, len(parts) + 1)]
         assert all(labels[k].startswith("Z") for k in parts[1:])
     assert node_cards(labels) == tuple(f"card{n}" for n in ordered)
     assert read_split_label(labels, LABEL_CARDS) == ".".join(f"card{n}" for n in ordered)
-    groups = read_split_label(labels, LABEL_NUMA_MAP).split("_")
+    groups = read_split_label(labels, LABEL_NUMA_GPU_MAP).split("_")
     assert sorted(int(n) for g in groups for n in g.split("-")[1].split(".")) == ordered
 
 
@@ -322,7 +316,7 @@ def test_changes_remove_stale_labels_and_leave_the_rest_alone() -> None:
         LABEL_GPU_NUMBERS + "2": "Z.2.3",
         LABEL_GPU_NUMBERS + "3": "Z.4",
         LABEL_CARDS: "card0.card1",
-        LABEL_NUMA_MAP: "0-0.1",
+        LABEL_NUMA_GPU_MAP: "0-0.1",
         "gpu.intel.com/gpu-numbers-extra": "x",
         "gpu.intel.com/cards02": "not ours",
         "kubernetes.io/hostname": "n1",
@@ -333,13 +327,13 @@ def test_changes_remove_stale_labels_and_leave_the_rest_alone() -> None:
         LABEL_GPU_NUMBERS + "2": None,
         LABEL_GPU_NUMBERS + "3": None,
     }
-    assert label_changes(current, desired, managed_bases(numa=True))[LABEL_NUMA_MAP] is None
+    assert label_changes(current, desired, managed_bases(numa=True))[LABEL_NUMA_GPU_MAP] is None
     assert label_changes(current, {}, managed_bases(numa=True)) == {
         LABEL_CARDS: None,
         LABEL_GPU_NUMBERS: None,
         LABEL_GPU_NUMBERS + "2": None,
         LABEL_GPU_NUMBERS + "3": None,
-        LABEL_NUMA_MAP: None,
+        LABEL_NUMA_GPU_MAP: None,
     }
     assert label_changes(desired, desired, managed_bases(numa=True)) == {}
 
@@ -415,7 +409,9 @@ def test_udev_backend_reads_real_pyudev_devices_like_the_sysfs_backend() -> None
     if not pci_devices:
         pytest.skip("no PCI devices visible")
     for pci in pci_devices:
-        assert labeler.udev_pci_attributes(pci) == labeler.sysfs_pci_attributes(Path(pci.sys_path))
+        assert discovery.udev_pci_attributes(pci) == discovery.sysfs_pci_attributes(
+            Path(pci.sys_path)
+        )
 
     class AsCard:
         def __init__(self, device: Any, number: int) -> None:
@@ -433,7 +429,7 @@ def test_udev_backend_reads_real_pyudev_devices_like_the_sysfs_backend() -> None
     cards = cards_from_udev([*everything, *(AsCard(d, i) for i, d in enumerate(children))])
     assert names(cards) == [f"card{i}" for i in range(len(children))]
     for card, child in zip(cards, children, strict=True):
-        vendor, numa = labeler.sysfs_pci_attributes(Path(child.parent.sys_path))
+        vendor, numa = discovery.sysfs_pci_attributes(Path(child.parent.sys_path))
         assert (card.vendor, card.numa_node, card.pci_address) == (
             vendor,
             numa,
@@ -485,7 +481,7 @@ class Script:
 
 
 def _watch(script: Script, debounce: float = 1.0, resync: float = 0.0) -> list[float]:
-    labeler.watch_loop(
+    discovery.watch_loop(
         script.relabel,
         script.next_event,
         debounce=debounce,
@@ -534,7 +530,7 @@ def test_udev_events_only_count_cards_coming_and_going() -> None:
         None,
         FakeDevice("card1", action="remove"),
     ]
-    next_event = labeler.udev_card_events(Monitor(devices))
+    next_event = discovery.udev_card_events(Monitor(devices))
     seen = [next_event(0.1) for _ in range(7)]
     assert seen == ["add card1", None, None, None, None, None, "remove card1"]
 
@@ -542,10 +538,10 @@ def test_udev_events_only_count_cards_coming_and_going() -> None:
 def test_a_real_kernel_event_monitor_starts() -> None:
     pytest.importorskip("pyudev")
     try:
-        monitor = labeler.card_monitor()
+        monitor = discovery.card_monitor()
     except OSError as exc:
         pytest.skip(f"no uevent netlink socket here: {exc}")
-    assert labeler.udev_card_events(monitor)(0) is None
+    assert discovery.udev_card_events(monitor)(0) is None
 
 
 # ---------------------------------------------------------------- the node patch
@@ -553,7 +549,7 @@ def test_a_real_kernel_event_monitor_starts() -> None:
 
 @pytest.fixture
 def api(kubeconfig: str) -> Any:
-    return labeler.core_api(kubeconfig)
+    return kubeapi.core_api(kubeconfig)
 
 
 def _node_labels(apiserver: ApiServerDouble, name: str = "n1") -> dict[str, str]:
@@ -585,7 +581,7 @@ def test_labels_written_stale_removed_others_untouched_and_idempotent(
         LABEL_GPU_NUMBERS: "0.1.2.3.4",
         LABEL_GPU_NUMBERS + "2": "Z.5",
         LABEL_CARDS + "9": "Zcard99",
-        LABEL_NUMA_MAP: "0-0",
+        LABEL_NUMA_GPU_MAP: "0-0",
     }
     apiserver.add_node({"metadata": {"name": "n1", "labels": others | stale}})
     many = build_sysfs(tmp_path / "many", [FakeGpu(n, numa=str(n % 2)) for n in range(40)])
@@ -594,7 +590,7 @@ def test_labels_written_stale_removed_others_untouched_and_idempotent(
     assert node_cards(labels) == tuple(f"card{n}" for n in range(40))
     assert all(valid_label_value(v) for v in labels.values())
     assert LABEL_CARDS + "9" not in labels
-    assert labels[LABEL_NUMA_MAP].startswith("0-0.2.4")
+    assert labels[LABEL_NUMA_GPU_MAP].startswith("0-0.2.4")
 
     few = build_sysfs(tmp_path / "few", intel(0, 2))
     assert _labeller(few, api).once()
@@ -602,8 +598,8 @@ def test_labels_written_stale_removed_others_untouched_and_idempotent(
         LABEL_GPU_NUMBERS: "0.2",
         LABEL_CARDS: "card0.card2",
         # Without --numa the NUMA map is not the labeller's.
-        LABEL_NUMA_MAP: labels[LABEL_NUMA_MAP],
-        LABEL_NUMA_MAP + "2": labels[LABEL_NUMA_MAP + "2"],
+        LABEL_NUMA_GPU_MAP: labels[LABEL_NUMA_GPU_MAP],
+        LABEL_NUMA_GPU_MAP + "2": labels[LABEL_NUMA_GPU_MAP + "2"],
     }
 
     version, patches = apiserver.resource_version, _patches(apiserver)
@@ -611,8 +607,8 @@ def test_labels_written_stale_removed_others_untouched_and_idempotent(
     assert (apiserver.resource_version, _patches(apiserver)) == (version, patches)
 
     assert _labeller(few, api, numa=True).once()
-    assert _node_labels(apiserver)[LABEL_NUMA_MAP] == "0-0.2"
-    assert LABEL_NUMA_MAP + "2" not in _node_labels(apiserver)
+    assert _node_labels(apiserver)[LABEL_NUMA_GPU_MAP] == "0-0.2"
+    assert LABEL_NUMA_GPU_MAP + "2" not in _node_labels(apiserver)
 
 
 def test_no_cards_removes_the_labels(
@@ -656,7 +652,7 @@ def test_dry_run_prints_the_labels(tmp_path: Path, capsys: pytest.CaptureFixture
     assert json.loads(capsys.readouterr().out) == {
         LABEL_CARDS: "card0.card1",
         LABEL_GPU_NUMBERS: "0.1",
-        LABEL_NUMA_MAP: "0-0_1-1",
+        LABEL_NUMA_GPU_MAP: "0-0_1-1",
     }
 
 

@@ -1,0 +1,58 @@
+"""The node side's Kubernetes client: loading it, reading this node, describing failures."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from gas.node.errors import NodeError
+
+MERGE_PATCH = "application/merge-patch+json"
+API_TIMEOUT = (5.0, 30.0)
+"""Connect and read timeouts of each API call."""
+
+
+def core_api(kubeconfig: str | None) -> Any:
+    """CoreV1Api from the kubeconfig when given, else in-cluster, else $KUBECONFIG or
+    ~/.kube/config."""
+    from kubernetes import client, config
+
+    # The client's config loaders carry no annotations.
+    from_file: Callable[..., Any] = config.new_client_from_config
+    in_cluster: Callable[..., None] = config.load_incluster_config
+    if kubeconfig and not os.path.isfile(kubeconfig):
+        raise NodeError(f"kubeconfig {kubeconfig}: no such file")
+    try:
+        if kubeconfig:
+            return client.CoreV1Api(from_file(config_file=kubeconfig))
+        configuration = client.Configuration()
+        try:
+            in_cluster(client_configuration=configuration)
+            return client.CoreV1Api(client.ApiClient(configuration))
+        except config.ConfigException:
+            return client.CoreV1Api(from_file())
+    except (config.ConfigException, OSError) as exc:
+        where = kubeconfig or "not in a cluster, and no --kubeConfig"
+        raise NodeError(f"cannot load Kubernetes client configuration ({where}): {exc}") from exc
+
+
+def read_node(api: Any, node: str) -> dict[str, Any]:
+    """The node object as JSON, as the API server sent it."""
+    response = api.read_node(node, _preload_content=False, _request_timeout=API_TIMEOUT)
+    obj = json.loads(response.data)
+    if not isinstance(obj, dict):
+        raise ValueError(f"node {node}: the API server sent no object")
+    return obj
+
+
+def describe_api_error(exc: Exception, node: str) -> str:
+    status = getattr(exc, "status", None)
+    if status == 404:
+        return f"node {node} not found"
+    if status in (401, 403):
+        return f"not allowed to read or patch node {node} (HTTP {status}): check the RBAC rules"
+    if status is not None:
+        return f"API error on node {node}: HTTP {status} {getattr(exc, 'reason', '')}".strip()
+    return f"cannot reach the API server: {exc}"
