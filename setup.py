@@ -18,6 +18,9 @@ setup(
     ],
     extras_require={
         "labeler": ["pyudev>=0.24"],
+        # `gas node`: the kubelet device plugin (gRPC) and card discovery. The generated
+        # modules in gas/node/api check these runtime versions when imported.
+        "node": ["grpcio>=1.85.1", "protobuf>=7.35.1", "pyudev>=0.24"],
         "test": [
             "pytest>=8.0",
             "pytest-timeout>=2.3",
@@ -26,6 +29,12 @@ setup(
             "mypy>=1.10",
             "types-requests",
             "types-pyyaml",
+            "types-grpcio",
+            "types-protobuf",
+            # scripts/gen-protos.sh: the generated code names these versions, and the
+            # staleness test regenerates it, so they are pinned.
+            "grpcio-tools==1.85.1",
+            "mypy-protobuf==5.1.0",
         ],
     },
     entry_points={

@@ -9,6 +9,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.gas-installed
 if [ ! -f "$stamp" ] || [ setup.py -nt "$stamp" ] || [ scripts/bootstrap.sh -nt "$stamp" ]; then
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,labeler]'
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,labeler,node]'
   touch "$stamp"
 fi

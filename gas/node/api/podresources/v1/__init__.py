@@ -1,0 +1,1 @@
+"""Generated kubelet API modules; see the .proto files beside them."""

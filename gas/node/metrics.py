@@ -1,0 +1,46 @@
+"""Prometheus metrics of `gas node`, on their own registry (served by `--metrics-port`)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+class NodeMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.decisions = Counter(
+            "gas_node_decisions_total",
+            "Device-plugin requests by outcome: gas (the container got gas's cards), "
+            "unmanaged (a pod gas did not place got the kubelet's choice), mismatch, "
+            "problem (unusable annotations), unidentified, error",
+            ["resource", "method", "outcome"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "gas_node_request_seconds",
+            "Time to answer a device-plugin request",
+            ["resource", "method"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=self.registry,
+        )
+        self.devices = Gauge(
+            "gas_node_devices",
+            "Advertised device IDs (card shares) by health",
+            ["resource", "health"],
+            registry=self.registry,
+        )
+        self.registrations = Counter(
+            "gas_node_registrations_total",
+            "Registrations with the kubelet, by result",
+            ["resource", "result"],
+            registry=self.registry,
+        )
+        self.annotations = Counter(
+            "gas_node_annotation_patches_total",
+            "Patches of the gas-node-cards pod annotation, by result",
+            ["result"],
+            registry=self.registry,
+        )
+
+    def serve(self, port: int, host: str = "0.0.0.0") -> None:
+        start_http_server(port, addr=host, registry=self.registry)

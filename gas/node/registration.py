@@ -1,0 +1,151 @@
+"""Serving a device plugin on its socket and registering it with the kubelet, again
+whenever the kubelet restarts.
+
+The plugin's gRPC server listens on a unix socket in the device-plugin directory, then
+calls `v1beta1.Registration/Register` on the kubelet's `kubelet.sock` there. A kubelet
+that starts deletes every socket in that directory and creates its `kubelet.sock` anew:
+a watcher notices either (the plugin's socket gone, `kubelet.sock` replaced), serves on a
+fresh socket and registers again. Polling the directory needs no inotify and costs two
+`stat` calls a second.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+from concurrent import futures
+
+import grpc
+
+from gas.node.api.deviceplugin.v1beta1 import api_pb2 as pb
+from gas.node.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from gas.node.metrics import NodeMetrics
+from gas.node.plugin import DevicePlugin
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+KUBELET_SOCKET = "kubelet.sock"
+REGISTER_TIMEOUT = 5.0
+
+
+def socket_name(resource: str) -> str:
+    """`gpu.intel.com/i915` -> `gas-i915.sock`."""
+    return f"gas-{resource.rsplit('/', 1)[-1]}.sock"
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (stat.st_ino, stat.st_ctime_ns)
+
+
+def register(plugin_dir: str, endpoint: str, plugin: DevicePlugin) -> None:
+    """One Register call; grpc.RpcError when the kubelet refuses or is not there."""
+    target = f"unix://{os.path.join(plugin_dir, KUBELET_SOCKET)}"
+    with grpc.insecure_channel(target) as channel:
+        pb_grpc.RegistrationStub(channel).Register(
+            pb.RegisterRequest(
+                version=API_VERSION,
+                endpoint=endpoint,
+                resource_name=plugin.resource,
+                options=plugin.options(),
+            ),
+            timeout=REGISTER_TIMEOUT,
+        )
+
+
+class PluginServer(threading.Thread):
+    """Keeps one plugin served and registered for as long as the agent runs."""
+
+    def __init__(
+        self,
+        plugin: DevicePlugin,
+        plugin_dir: str,
+        metrics: NodeMetrics,
+        stop: threading.Event,
+        poll: float = 1.0,
+        workers: int = 8,
+    ) -> None:
+        super().__init__(name=f"plugin-{socket_name(plugin.resource)}", daemon=True)
+        self.plugin = plugin
+        self.plugin_dir = plugin_dir
+        self.endpoint = socket_name(plugin.resource)
+        self.path = os.path.join(plugin_dir, self.endpoint)
+        self._metrics = metrics
+        self._stop_event = stop
+        self._poll = poll
+        self._workers = workers
+        self._server: grpc.Server | None = None
+        self._registered_with: tuple[int, int] | None = None
+        self.registrations = 0
+        self.registered = threading.Event()
+
+    def run(self) -> None:
+        delay = self._poll
+        while not self._stop_event.is_set():
+            try:
+                self._step()
+                delay = self._poll
+            except grpc.RpcError as exc:
+                self._metrics.registrations.labels(self.plugin.resource, "failed").inc()
+                log.warning("%s: registering with the kubelet failed: %s", self.endpoint, exc)
+                self._registered_with = None
+                delay = min(max(delay * 2, self._poll), 10.0)
+            except Exception:
+                log.exception("%s: serving the device plugin failed", self.endpoint)
+                self._registered_with = None
+                delay = min(max(delay * 2, self._poll), 10.0)
+            self._stop_event.wait(delay * random.uniform(0.9, 1.1))
+        self._shutdown()
+
+    def _step(self) -> None:
+        if self._server is None or not os.path.exists(self.path):
+            if self._server is not None:
+                log.info("%s was removed (the kubelet restarted): serving anew", self.path)
+            self._serve()
+        kubelet = _identity(os.path.join(self.plugin_dir, KUBELET_SOCKET))
+        if kubelet is None:
+            if self._registered_with is not None:
+                log.info("%s: the kubelet's socket is gone; waiting for it", self.endpoint)
+                self.registered.clear()
+            self._registered_with = None
+            return
+        if kubelet != self._registered_with:
+            register(self.plugin_dir, self.endpoint, self.plugin)
+            self._registered_with = kubelet
+            self.registrations += 1
+            self.registered.set()
+            self._metrics.registrations.labels(self.plugin.resource, "ok").inc()
+            log.info("%s registered with the kubelet as %s", self.endpoint, self.plugin.resource)
+
+    def _serve(self) -> None:
+        self._shutdown()
+        os.makedirs(self.plugin_dir, exist_ok=True)
+        if os.path.lexists(self.path):
+            os.unlink(self.path)
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="plugin")
+        )
+        pb_grpc.add_DevicePluginServicer_to_server(self.plugin, server)
+        server.add_insecure_port(f"unix://{self.path}")
+        server.start()
+        self._server = server
+        self._registered_with = None
+
+    def _shutdown(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(grace=1.0).wait(2.0)
+
+    def close(self) -> None:
+        """After the thread ended: the socket goes, so the kubelet marks the devices gone."""
+        self.plugin.stop()
+        self._shutdown()
+        if os.path.lexists(self.path):
+            os.unlink(self.path)
