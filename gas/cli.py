@@ -182,6 +182,11 @@ COMMANDS = {
         "show GPU allocation per node and card, from pod annotations",
     ),
     "label-node": ("gas.tools.label_node", "discover this node's GPU cards and label the node"),
+    "node": (
+        "gas.node.agent",
+        "run the node agent: the kubelet device plugin that hands each container the cards "
+        "gas chose, and the node's GPU labels and capacity",
+    ),
 }
 
 

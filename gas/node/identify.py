@@ -15,8 +15,8 @@ IDs. What is known around a request:
   (`Allocate`).
 
 So a pending pod is a candidate while one of its GPU containers holds no device yet; its
-next GPU container is the one asking. Candidates the kubelet already knows come first
-(when any is known, only they are considered), then by creation time and name. A candidate
+next GPU container is the one asking. Only candidates the kubelet lists are considered,
+oldest first (creation time, then namespace and name). A candidate
 must ask for the request's device count, and in `GetPreferredAllocation` its cards must all
 be among the available devices; in `Allocate`, a candidate whose cards are those chosen is
 taken before one whose are not. Everything here is pure, over plain records.
@@ -223,7 +223,7 @@ def candidates(
         container = next_container(pod, resource, held.get(pod.key, {}))
         if container is not None:
             found.append(Candidate(pod, container, pod.key in held))
-    found.sort(key=lambda c: (not c.known, c.pod.created, c.pod.namespace, c.pod.name))
+    found.sort(key=lambda c: (c.pod.created, c.pod.namespace, c.pod.name))
     return found
 
 
@@ -263,8 +263,15 @@ def _served(candidate: Candidate, preferred: tuple[str, ...] = ()) -> Decision:
 
 
 def _pool(found: list[Candidate], resource: str, size: int) -> tuple[list[Candidate], str]:
-    """Candidates the kubelet knows (all when it knows none) asking for `size`."""
-    pool = [c for c in found if c.known] or found
+    """Candidates the kubelet knows, asking for `size`. A pod the kubelet does not list
+    cannot be the one it is admitting: it adds a pod to its pods before admitting it."""
+    pool = [c for c in found if c.known]
+    if found and not pool:
+        oldest = found[0].pod
+        return [], (
+            f"the kubelet lists none of the {len(found)} pending pod(s) waiting for "
+            f"{resource} (the first: {oldest.namespace}/{oldest.name})"
+        )
     sized = [c for c in pool if c.container.devices.get(resource) == size]
     if pool and not sized:
         first = pool[0]

@@ -117,23 +117,36 @@ class PodMatcher:
                         return check_allocate(candidate, ids)
             return for_allocate(state.found, resource, ids)
 
-        return self._decide(resource, decide)
+        return self._decide(resource, decide, ids)
 
-    def state(self, resource: str) -> State:
+    def state(self, resource: str, allocating: Collection[str] = ()) -> State:
+        """`allocating`: the IDs of the `Allocate` being decided, which no container holds
+        yet, whatever a kubelet that records them early already reports."""
         listing = self._pod_resources.list()
         self._fetch_unknown(listing)
         pods = self._cache.pods()
         held = self._held(pods, listing, resource)
+        if allocating:
+            drop = frozenset(allocating)
+            held = {
+                key: {name: frozenset(ids) - drop for name, ids in containers.items()}
+                for key, containers in held.items()
+            }
         with self._lock:
             refused = set(self._refused)
         return State(pods, listing, candidates(pods, resource, held, refused))
 
     # ------------------------------------------------------------ internals
 
-    def _decide(self, resource: str, decide: Callable[[State], Decision]) -> tuple[Decision, State]:
+    def _decide(
+        self,
+        resource: str,
+        decide: Callable[[State], Decision],
+        allocating: Collection[str] = (),
+    ) -> tuple[Decision, State]:
         if not self._cache.synced:
             self._cache.wait_synced(SYNC_WAIT_SECONDS)
-        state = self.state(resource)
+        state = self.state(resource, allocating)
         decision = decide(state)
         if decision.outcome == UNIDENTIFIED:
             # The watch may lag the kubelet's own: read the pods afresh once.
@@ -143,7 +156,7 @@ class PodMatcher:
             except Exception as exc:
                 log.warning("cannot list this node's pods: %s", exc)
                 return decision, state
-            state = self.state(resource)
+            state = self.state(resource, allocating)
             decision = decide(state)
         return decision, state
 

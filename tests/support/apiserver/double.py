@@ -228,6 +228,14 @@ class ApiServerDouble:
         with self.store.lock:
             return [copy.deepcopy(v) for _, v in sorted(self.store.objects["pods"].items())]
 
+    def patch_node(self, name: str, merge_patch: Mapping[str, Any]) -> JSONDict:
+        """Apply an RFC 7386 merge patch to the whole node (as the kubelet's status sync)."""
+        with self.store.lock:
+            old = self.store.get_locked(NODES, "", name)
+            new = apply_merge_patch(old, dict(merge_patch))
+            new.setdefault("metadata", {})["name"] = name
+            return copy.deepcopy(self.store.modify_locked(NODES, ("", name), new))
+
     def patch_pod(self, namespace: str, name: str, merge_patch: Mapping[str, Any]) -> JSONDict:
         """Apply an RFC 7386 merge patch to the whole pod (spec, status and metadata)."""
         with self.store.lock:

@@ -1,0 +1,243 @@
+"""`gas node`: the node agent, one per GPU node (a DaemonSet).
+
+It finds the node's cards, keeps the node's labels and GPU capacity true to them, and runs
+one kubelet device plugin per resource present (`gpu.intel.com/i915`, `gpu.intel.com/xe`)
+that hands each container exactly the cards gas chose for it. Cards coming and going
+(udev, or a rescan of `--sysfs-root`) update the advertised devices: a vanished card's
+shares turn Unhealthy.
+
+State lives in the kubelet (pod-resources) and the API server (pods on this node), so a
+restart of the agent loses nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gas.node import discovery
+from gas.node.cards import Card
+from gas.node.devices import DEFAULT_SHARES_PER_CARD, MAX_SHARES_PER_CARD, cards_by_resource
+from gas.node.errors import NodeError
+from gas.node.handout import HandoutWriter
+from gas.node.kubeapi import core_api
+from gas.node.matcher import PodMatcher
+from gas.node.metrics import NodeMetrics
+from gas.node.plugin import DevicePlugin, Reporter
+from gas.node.podapi import EventSender, NodeApi
+from gas.node.podcache import PodCache
+from gas.node.podresources import DEFAULT_SOCKET, PodResourcesClient
+from gas.node.registration import DEFAULT_PLUGIN_DIR, PluginServer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_METRICS_PORT = 9102
+SYNC_WAIT = 30.0
+
+
+def _shares(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= value <= MAX_SHARES_PER_CARD:
+        raise argparse.ArgumentTypeError(f"must be 1..{MAX_SHARES_PER_CARD}, not {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME"),
+        help="this node's name (default: $NODE_NAME, from the downward API)",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        "--kubeConfig",
+        dest="kubeconfig",
+        help="kubeconfig file (default: in-cluster configuration)",
+    )
+    parser.add_argument(
+        "--shares-per-card",
+        "--shared-dev-num",
+        dest="shares_per_card",
+        type=_shares,
+        default=DEFAULT_SHARES_PER_CARD,
+        help="how many containers may share one card: device IDs advertised per card "
+        f"({DEFAULT_SHARES_PER_CARD})",
+    )
+    discovery.add_arguments(parser)
+    parser.add_argument(
+        "--devfs-root",
+        default="/dev",
+        help="host /dev, where the cards' device nodes are (/dev)",
+    )
+    parser.add_argument(
+        "--device-plugin-dir",
+        default=DEFAULT_PLUGIN_DIR,
+        help=f"the kubelet's device-plugin directory ({DEFAULT_PLUGIN_DIR})",
+    )
+    parser.add_argument(
+        "--pod-resources-socket",
+        default=DEFAULT_SOCKET,
+        help=f"the kubelet's pod-resources socket ({DEFAULT_SOCKET})",
+    )
+    parser.add_argument(
+        "--numa",
+        action="store_true",
+        help="also write the gpu.intel.com/numa-gpu-map node label",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=DEFAULT_METRICS_PORT,
+        help=f"Prometheus metrics port, 0 for none ({DEFAULT_METRICS_PORT})",
+    )
+    parser.add_argument("--metrics-host", default="0.0.0.0", help="metrics listen address")
+    parser.add_argument(
+        "--rescan",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="rediscover the cards this often besides on udev events "
+        "(600; 5 with --sysfs-root, which has no events)",
+    )
+    parser.add_argument("--v", type=int, default=2, help="log verbosity: 0-3 info, 4+ debug")
+
+
+@dataclass
+class Plugins:
+    """The plugins by resource, and every card each has seen (a vanished card stays,
+    Unhealthy, so the kubelet keeps the containers holding it accounted)."""
+
+    make: Callable[[str, list[Card]], DevicePlugin]
+    start: Callable[[DevicePlugin], None]
+    by_resource: dict[str, DevicePlugin] = field(default_factory=dict)
+    seen: dict[str, dict[str, Card]] = field(default_factory=dict)
+
+    def update(self, cards: Sequence[Card]) -> None:
+        present = cards_by_resource(cards)
+        for resource in sorted(set(present) | set(self.seen)):
+            now = {card.name: card for card in present.get(resource, [])}
+            seen = self.seen.setdefault(resource, {})
+            seen.update(now)
+            every = sorted(seen.values(), key=lambda c: (c.number, c.name))
+            gone = [name for name in seen if name not in now]
+            plugin = self.by_resource.get(resource)
+            if plugin is None:
+                plugin = self.make(resource, every)
+                self.by_resource[resource] = plugin
+                self.start(plugin)
+            plugin.set_cards(every, gone)
+
+
+def _publisher(core: Any, node: str, shares: int, numa: bool) -> Callable[[list[Card]], bool]:
+    """The node labels and capacity writer (gas.node.publish) when this build has it."""
+    if importlib.util.find_spec("gas.node.publish") is None:
+        log.warning("this build cannot write node labels and capacity")
+        return lambda cards: True
+    publish: Any = importlib.import_module("gas.node.publish")
+    publisher = publish.NodePublisher(core, node, shares_per_card=shares, numa=numa)
+    return lambda cards: bool(publisher.publish(cards))
+
+
+def run(args: argparse.Namespace) -> int:
+    node = args.node_name
+    if not node:
+        log.error("no node name: give --node-name or set NODE_NAME")
+        return 2
+    try:
+        discover = discovery.discoverer(args)
+        core = core_api(args.kubeconfig)
+    except (ValueError, NodeError) as exc:
+        log.error("%s", exc)
+        return 2 if isinstance(exc, ValueError) else 1
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    metrics = NodeMetrics()
+    if args.metrics_port:
+        metrics.serve(args.metrics_port, args.metrics_host)
+    api = NodeApi(core, node)
+    events = EventSender(api, stop)
+    writer = HandoutWriter(api, metrics, stop)
+    pod_resources = PodResourcesClient(args.pod_resources_socket)
+    matcher: PodMatcher | None = None
+
+    def removed(uid: str) -> None:
+        writer.forget(uid)
+        if matcher is not None:
+            matcher.forget(uid)
+
+    cache = PodCache(api, stop, on_removed=removed)
+    matcher = PodMatcher(cache, pod_resources)
+    reporter = Reporter(node, metrics, events, writer)
+    for thread in (events, writer, cache):
+        thread.start()
+    if not cache.wait_synced(SYNC_WAIT):
+        log.warning("pods on %s not listed yet; serving anyway, requests wait for it", node)
+
+    servers: list[PluginServer] = []
+
+    def make(resource: str, cards: list[Card]) -> DevicePlugin:
+        assert matcher is not None
+        return DevicePlugin(
+            resource, cards, args.shares_per_card, matcher, reporter, args.devfs_root
+        )
+
+    def start(plugin: DevicePlugin) -> None:
+        server = PluginServer(plugin, args.device_plugin_dir, metrics, stop)
+        servers.append(server)
+        server.start()
+
+    plugins = Plugins(make, start)
+    publish = _publisher(core, node, args.shares_per_card, args.numa)
+
+    def on_change(cards: list[Card]) -> bool:
+        plugins.update(cards)
+        return publish(cards)
+
+    watcher = _watcher(args, discover, on_change, stop)
+    log.info("gas node on %s: %d shares per card", node, args.shares_per_card)
+    watcher_thread = threading.Thread(
+        target=watcher.run, args=(stop.is_set,), name="card-watcher", daemon=True
+    )
+    watcher_thread.start()
+    stop.wait()
+    log.info("stopping")
+    watcher_thread.join(timeout=5)
+    for server in servers:
+        server.join(timeout=5)
+        server.close()
+    pod_resources.close()
+    return 0
+
+
+def _watcher(
+    args: argparse.Namespace,
+    discover: Callable[[], list[Card]],
+    on_change: Callable[[list[Card]], bool],
+    stop: threading.Event,
+) -> discovery.CardWatcher:
+    if args.sysfs_root is not None:
+
+        def no_events(timeout: float | None) -> str | None:
+            stop.wait(1.0 if timeout is None else timeout)
+            return None
+
+        return discovery.CardWatcher(
+            discover, on_change, no_events, resync=args.rescan or 5.0, debounce=0.2
+        )
+    monitor = discovery.card_monitor()
+    return discovery.CardWatcher(
+        discover, on_change, discovery.udev_card_events(monitor), resync=args.rescan or 600.0
+    )
