@@ -421,6 +421,24 @@ class _PodResources(pr_grpc.PodResourcesListerServicer):
     ) -> pr.ListPodResourcesResponse:
         return self._kubelet.list_pod_resources()
 
+    def Get(
+        self, request: pr.GetPodResourcesRequest, context: grpc.ServicerContext
+    ) -> pr.GetPodResourcesResponse:
+        for pod in self._kubelet.list_pod_resources().pod_resources:
+            if (pod.namespace, pod.name) == (request.pod_namespace, request.pod_name):
+                return pr.GetPodResourcesResponse(pod_resources=pod)
+        context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod_name} not found")
+
+    def GetAllocatableResources(
+        self, request: pr.AllocatableResourcesRequest, context: grpc.ServicerContext
+    ) -> pr.AllocatableResourcesResponse:
+        devices = []
+        for resource in ("gpu.intel.com/i915", "gpu.intel.com/xe"):
+            ids = sorted(self._kubelet.devices(resource))
+            if ids:
+                devices.append(pr.ContainerDevices(resource_name=resource, device_ids=ids))
+        return pr.AllocatableResourcesResponse(devices=devices)
+
 
 def response_cards(response: dp.ContainerAllocateResponse) -> tuple[str, ...]:
     """The cards whose device nodes a container was given, in numeric order."""
