@@ -34,13 +34,15 @@ from gas.node.metrics import NodeMetrics
 from gas.node.plugin import DevicePlugin, Reporter
 from gas.node.podapi import EventSender, NodeApi
 from gas.node.podcache import PodCache
-from gas.node.podresources import DEFAULT_SOCKET, PodResourcesClient
+from gas.node.podresources import DEFAULT_SOCKET, PodResourcesClient, PodResourcesError
 from gas.node.registration import DEFAULT_PLUGIN_DIR, PluginServer
 
 log = logging.getLogger(__name__)
 
 DEFAULT_METRICS_PORT = 9102
 SYNC_WAIT = 30.0
+RECONCILE_SECONDS = 30.0
+"""How often `gas-node-cards` is compared with what the kubelet says pods hold."""
 
 
 def _shares(text: str) -> int:
@@ -169,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
         metrics.serve(args.metrics_port, args.metrics_host)
     api = NodeApi(core, node)
     events = EventSender(api, stop)
-    writer = HandoutWriter(api, metrics, stop)
+    writer_stop = threading.Event()  # after the plugins, so the last writes are flushed
+    writer = HandoutWriter(api, metrics, writer_stop)
     pod_resources = PodResourcesClient(args.pod_resources_socket)
     matcher: PodMatcher | None = None
 
@@ -212,14 +215,35 @@ def run(args: argparse.Namespace) -> int:
         target=watcher.run, args=(stop.is_set,), name="card-watcher", daemon=True
     )
     watcher_thread.start()
-    stop.wait()
+    while not stop.wait(RECONCILE_SECONDS if plugins.by_resource else 1.0):
+        _reconcile(writer, cache, pod_resources)
     log.info("stopping")
+    for plugin in plugins.by_resource.values():
+        plugin.stop()  # ends the ListAndWatch streams at once
     watcher_thread.join(timeout=5)
     for server in servers:
         server.join(timeout=5)
         server.close()
+    writer_stop.set()
+    if not writer.flush(timeout=3.0):
+        log.warning("%d gas-node-cards writes left undone", writer.pending())
     pod_resources.close()
     return 0
+
+
+def _reconcile(writer: HandoutWriter, cache: PodCache, pod_resources: PodResourcesClient) -> None:
+    try:
+        listing = pod_resources.list()
+    except PodResourcesError as exc:
+        log.debug("no reconcile of gas-node-cards: %s", exc)
+        return
+    held = {
+        key: {name: {i for ids in res.values() for i in ids} for name, res in containers.items()}
+        for key, containers in listing.items()
+    }
+    count = writer.reconcile(cache.pods(), held)
+    if count:
+        log.info("gas-node-cards recorded afresh for %d pod(s)", count)
 
 
 def _watcher(

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
 from gas.core.model import ANNOTATION_NODE_CARDS, is_card_name, sort_cards
 from gas.node.devices import DeviceIdError, card_of
@@ -78,6 +79,11 @@ def handed_out(
     return tuple(segments)
 
 
+def held_segments(pod: PodRecord, held: Mapping[str, Collection[str]]) -> Segments:
+    """The annotation's segments from what the kubelet says each container holds."""
+    return tuple(cards_of_ids(held.get(record.name, ())) for record in pod.containers)
+
+
 def format_segments(segments: Segments) -> str:
     return "|".join(",".join(cards) for cards in segments)
 
@@ -94,7 +100,7 @@ class HandoutWriter(threading.Thread):
         self._api = api
         self._metrics = metrics
         self._stop_event = stop
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.RLock())
         self._segments: dict[str, Segments] = {}
         self._wanted: dict[str, tuple[str, str, str]] = {}  # uid -> namespace, name, value
         self._due: list[tuple[float, str]] = []
@@ -122,6 +128,46 @@ class HandoutWriter(threading.Thread):
         with self._cond:
             return len(self._wanted)
 
+    def reconcile(self, pods: Sequence[PodRecord], held: Mapping[tuple[str, str], Any]) -> int:
+        """Record afresh every running or pending pod whose annotation differs from what
+        the kubelet says its containers hold (`held`: (namespace, name) -> container ->
+        device IDs); a write lost to a restart is made good here. Returns how many."""
+        count = 0
+        for pod in pods:
+            containers = held.get(pod.key)
+            if pod.phase not in ("Pending", "Running") or not containers:
+                continue
+            segments = held_segments(pod, containers)
+            if not any(segments) or format_segments(segments) == pod.node_cards:
+                continue
+            with self._cond:
+                busy = pod.uid in self._wanted
+            if not busy:
+                self.record(pod, segments)
+                count += 1
+        return count
+
+    def flush(self, timeout: float) -> bool:
+        """Write what is queued (at shutdown); True when nothing is left."""
+        deadline = time.monotonic() + timeout
+        while self.pending() and time.monotonic() < deadline:
+            job = self._next_due()
+            if job is None:
+                time.sleep(0.05)
+                continue
+            self._write(*job)
+        return not self.pending()
+
+    def _next_due(self) -> tuple[str, str, str, str] | None:
+        with self._cond:
+            while self._due and self._due[0][1] not in self._wanted:
+                heapq.heappop(self._due)
+            if self._due and self._due[0][0] <= time.monotonic():
+                _, uid = heapq.heappop(self._due)
+                namespace, name, value = self._wanted[uid]
+                return uid, namespace, name, value
+        return None
+
     def run(self) -> None:
         while not self._stop_event.is_set():
             job = self._next()
@@ -131,15 +177,11 @@ class HandoutWriter(threading.Thread):
     def _next(self) -> tuple[str, str, str, str] | None:
         with self._cond:
             while not self._stop_event.is_set():
-                now = time.monotonic()
-                while self._due and self._due[0][1] not in self._wanted:
-                    heapq.heappop(self._due)
-                if self._due and self._due[0][0] <= now:
-                    _, uid = heapq.heappop(self._due)
-                    namespace, name, value = self._wanted[uid]
-                    return uid, namespace, name, value
-                wait = self._due[0][0] - now if self._due else 0.5
-                self._cond.wait(min(wait, 0.5))
+                job = self._next_due()
+                if job is not None:
+                    return job
+                wait = self._due[0][0] - time.monotonic() if self._due else 0.5
+                self._cond.wait(min(max(wait, 0.01), 0.5))
         return None
 
     def _write(self, uid: str, namespace: str, name: str, value: str) -> None:

@@ -141,7 +141,7 @@ class PluginServer(threading.Thread):
     def _shutdown(self) -> None:
         server, self._server = self._server, None
         if server is not None:
-            server.stop(grace=1.0).wait(2.0)
+            server.stop(grace=0.5).wait(2.0)
 
     def close(self) -> None:
         """After the thread ended: the socket goes, so the kubelet marks the devices gone."""
