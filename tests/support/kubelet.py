@@ -99,6 +99,7 @@ class KubeletDouble:
         self._lock = threading.RLock()
         self._admit_lock = threading.Lock()
         self._endpoints: dict[str, _Endpoint] = {}
+        self._resources: set[str] = set()  # every resource ever registered (checkpoint)
         self._known: dict[str, dict[str, Any]] = {}  # uid -> pod (the pod manager)
         # uid -> container -> resource -> device IDs (podDevices, the checkpoint)
         self._allocated: dict[str, dict[str, dict[str, list[str]]]] = {}
@@ -171,6 +172,7 @@ class KubeletDouble:
         with self._lock:
             old = self._endpoints.get(request.resource_name)
             self._endpoints[request.resource_name] = endpoint
+            self._resources.add(request.resource_name)
             self.registrations.append((request.resource_name, request.endpoint))
         if old is not None:
             old.channel.close()
@@ -285,8 +287,11 @@ class KubeletDouble:
                 for resource, count in sorted(_limits(container).items()):
                     with self._lock:
                         endpoint = self._endpoints.get(resource)
-                    if endpoint is None or count <= 0:
+                        known = resource in self._resources
+                    if count <= 0 or (endpoint is None and not known):
                         continue
+                    if endpoint is None:
+                        raise RuntimeError(f"cannot allocate unregistered device {resource}")
                     response = self._allocate(meta["uid"], container["name"], endpoint, count)
                     result.responses.setdefault(container["name"], {})[resource] = response
         except Exception as exc:
