@@ -108,11 +108,19 @@ def admitted(rigs: list[NodeRig], names: set[str], timeout: float = 30.0) -> Non
     wait_for(done, timeout=timeout, what=f"admission of {len(names)} pods")
 
 
-def bind_all(scheduler: SchedulerEmulator, apiserver: ApiServerDouble, names: list[str]) -> None:
-    futures = [scheduler.schedule("default", name) for name in names]
-    for future in futures:
+def bind_all(
+    scheduler: SchedulerEmulator, apiserver: ApiServerDouble, names: list[str], strict: bool = True
+) -> list[str]:
+    """Schedule the pods concurrently, as kube-scheduler's async binding does; the names
+    left unbound (a bind that lost a race for the last capacity) unless `strict`."""
+    futures = [(name, scheduler.schedule("default", name)) for name in names]
+    unbound = []
+    for name, future in futures:
         outcome = future.result(timeout=30)
-        assert outcome.bound, (outcome.pod, outcome.error, outcome.failed_nodes)
+        if not outcome.bound:
+            assert not strict, (outcome.pod, outcome.error, outcome.failed_nodes)
+            unbound.append(name)
+    return unbound
 
 
 def test_features_reach_the_containers(
@@ -230,7 +238,7 @@ def _random_pod(rng: random.Random, name: str) -> dict[str, Any]:
             container("y", i915="1", millicores="100"),
             annotations={"gas-same-gpu": "x,y"},
         )
-    return gpu_pod(name, container("c", i915="1", millicores=str(rng.choice((100, 250, 500)))))
+    return gpu_pod(name, container("c", i915="1", millicores=str(rng.choice((100, 200, 300)))))
 
 
 def test_randomised_workload_has_no_mismatch(
@@ -258,19 +266,24 @@ def test_randomised_workload_has_no_mismatch(
         rng.shuffle(order)  # created in one order, bound in another
         for name in wave:
             apiserver.add_pod(_random_pod(rng, name))
-        bind_all(scheduler, apiserver, order)
-        if rng.random() < 0.3:
-            victim = rng.choice(wave)
+        for name in bind_all(scheduler, apiserver, order, strict=False):
+            apiserver.delete_pod("default", name)  # unbound: nothing for the node to do
+            deleted_early.add(name)
+        bound = [n for n in wave if n not in deleted_early]
+        if bound and rng.random() < 0.3:  # deleted before (or while) the kubelet admits it
+            victim = rng.choice(bound)
             apiserver.delete_pod("default", victim)
             deleted_early.add(victim)
         live += [n for n in wave if n not in deleted_early]
         # the oldest pods finish, freeing their cards for later waves
         admitted(rigs, set(live) - deleted_early, timeout=60)
-        while len(live) > 60:
+        while len(live) > 30:
             done = live.pop(0)
             apiserver.set_pod_phase("default", done, "Succeeded")
             apiserver.delete_pod("default", done)
         wrong = mismatches(apiserver, rigs)
         assert not wrong, f"seed {seed}: {wrong[:10]}"
     assert time.monotonic() - started < 150, f"seed {seed}: too slow"
-    print(f"seed {seed}: {total} pods, {sum(len(r.kubelet.admissions) for r in rigs)} admitted")
+    admissions = sum(len(r.kubelet.admissions) for r in rigs)
+    assert admissions >= total * 0.8, f"seed {seed}: only {admissions} of {total} admitted"
+    print(f"seed {seed}: {total} pods, {admissions} admitted")
