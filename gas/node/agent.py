@@ -215,8 +215,10 @@ def run(args: argparse.Namespace) -> int:
         target=watcher.run, args=(stop.is_set,), name="card-watcher", daemon=True
     )
     watcher_thread.start()
-    while not stop.wait(RECONCILE_SECONDS if plugins.by_resource else 1.0):
+    delay = 1.0  # soon after a start, then now and then
+    while not stop.wait(delay):
         _reconcile(writer, cache, pod_resources)
+        delay = RECONCILE_SECONDS
     log.info("stopping")
     for plugin in plugins.by_resource.values():
         plugin.stop()  # ends the ListAndWatch streams at once

@@ -166,10 +166,10 @@ def test_features_reach_the_containers(
     bind_all(scheduler, apiserver, [p["metadata"]["name"] for p in pods])
     admitted([rig], {p["metadata"]["name"] for p in pods})
     assert mismatches(apiserver, [rig]) == []
-    same = rig.kubelet.admissions[apiserver.get_pod("default", "same")["metadata"]["uid"]]
-    assert _given(same, "x")[0] == _given(same, "y")[0]
-    composite = apiserver.get_pod("default", "composite")
-    assert "." in (_given(rig.kubelet.admissions[composite["metadata"]["uid"]], "z")[1] or "")
+    by_name = {a.name: a for a in rig.kubelet.admissions.values()}
+    assert _given(by_name["same"], "x")[0] == _given(by_name["same"], "y")[0]
+    # COMPOSITE hierarchy: card.tile entries
+    assert "." in (_given(by_name["composite"], "z")[1] or "")
 
 
 def test_order_batches_deletion_and_restarts(
