@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_for
 from tests.support.apiserver import ApiServerDouble
 from tests.support.fakesysfs import FakeCard, add_card, remove_card
 from tests.support.kubelet import Admission, response_cards
 from tests.support.nodeproc import NodeRig
 from tests.support.objects import container, gpu_node, gpu_pod
+from tests.support.polling import wait_for
 
 I915 = "gpu.intel.com/i915"
 XE = "gpu.intel.com/xe"

@@ -16,13 +16,14 @@ import pytest
 
 from gas.core.model import parse_cards, parse_tiles
 from gas.node.allocation import affinity_mask, composite_hierarchy
-from tests.conftest import wait_for, wait_for_nodes
 from tests.support.apiserver import ApiServerDouble
 from tests.support.fakesysfs import FakeCard
 from tests.support.gasproc import GasProcess
 from tests.support.kubelet import Admission, response_cards
+from tests.support.ledger_checks import wait_for_nodes
 from tests.support.nodeproc import NodeRig
 from tests.support.objects import container, gpu_node, gpu_pod
+from tests.support.polling import wait_for
 from tests.support.scheduler import SchedulerEmulator
 
 SHARES = 10
