@@ -9,7 +9,7 @@ import random
 import statistics
 import time
 
-from gas.core.allocator import allocate
+from gas.core.allocator import Rejection, place
 from gas.core.ledger import Ledger
 from gas.core.model import NodeGpu, pod_request
 
@@ -40,7 +40,7 @@ def bench_allocator(calls: int = 50_000) -> float:
     request = pod_request(pod(2, 4, "p"))
     start = time.perf_counter()
     for _ in range(calls):
-        allocate(node, usage, request)
+        place(node, usage, request)
     return calls / (time.perf_counter() - start)
 
 
@@ -53,8 +53,9 @@ def bench_filter(nodes: int, occupancy: float, rounds: int = 50) -> tuple[float,
     target = int(nodes * 6 * occupancy)
     while placed < target:
         uid = f"fill-{placed}"
-        result = ledger.reserve(uid, "bench", uid, pod_request(pod(1, 8, uid)), rng.choice(names))
-        if not isinstance(result, tuple):
+        request = pod_request(pod(1, 8, uid))
+        result = ledger.reserve_placement(uid, "bench", uid, request, rng.choice(names))
+        if isinstance(result, Rejection):
             continue
         ledger.commit(uid)
         placed += 1

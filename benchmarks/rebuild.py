@@ -19,7 +19,8 @@ import tracemalloc
 from pathlib import Path
 
 from benchmarks.workload import make_cluster
-from gas.core.ledger import Ledger, observe_pod
+from gas.core.holdings import observe_pod
+from gas.core.ledger import Ledger
 from gas.core.model import node_from_object
 
 

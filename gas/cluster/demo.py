@@ -18,7 +18,8 @@ from typing import Any
 import yaml
 
 from gas.cluster.protocol import BindRejected
-from gas.core.ledger import Ledger, observe_pod
+from gas.core.holdings import observe_pod
+from gas.core.ledger import Ledger
 from gas.core.model import as_list, as_mapping, node_from_object
 
 DEFAULT_DEMO_FILE = "demo-cluster.yaml"

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from gas.core.ledger import TERMINAL_PHASES
+from gas.core.holdings import TERMINAL_PHASES
 from gas.core.model import (
     ANNOTATION_CARDS,
     ANNOTATION_TILES,

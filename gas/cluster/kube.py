@@ -26,7 +26,8 @@ from kubernetes import client, config
 from gas.cluster.counters import SyncCounters
 from gas.cluster.deschedule import Descheduler, PatchRejected, PodGone
 from gas.cluster.protocol import BindRejected, BindUncertain, ClusterError
-from gas.core.ledger import Ledger, observe_pod
+from gas.core.holdings import observe_pod
+from gas.core.ledger import Ledger
 from gas.core.model import ANNOTATION_CARDS, node_from_object
 
 log = logging.getLogger(__name__)

@@ -122,31 +122,6 @@ def summarize(node: NodeGpu, usage: Usage, blocked: frozenset[str] = frozenset()
     return Summary(len(usable), len(open_cards), len(usable) - len(open_cards), least)
 
 
-def allocate(
-    node: NodeGpu,
-    usage: Usage,
-    request: PodRequest,
-    *,
-    blocked: frozenset[str] = frozenset(),
-    node_blocked: bool = False,
-    order: Sequence[str] | None = None,
-    tiles_used: TileUsage | None = None,
-    policy: Policy | None = None,
-) -> Allocation | Rejection:
-    """Cards per container for `request` on `node`, or the reason it does not fit."""
-    result = place(
-        node,
-        usage,
-        request,
-        blocked=blocked,
-        node_blocked=node_blocked,
-        order=order,
-        tiles_used=tiles_used,
-        policy=policy,
-    )
-    return result if isinstance(result, Rejection) else result.cards
-
-
 def place(
     node: NodeGpu,
     usage: Usage,

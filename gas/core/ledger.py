@@ -16,74 +16,38 @@ Over-counting is safe, under-counting is not: an entry only goes away when the c
 shows the pod terminal or deleted, when a definitive API rejection cancels a reservation,
 or when the cluster shows the pod not bound by gas at a time its Binding can no longer land.
 
-One lock guards everything; nothing under it does I/O or parsing.
+One lock guards everything; nothing under it does I/O or parsing: pods are read into
+holdings off it (`gas.core.holdings`). The answers `check` gives are kept per pod shape
+until their node's book changes (`gas.core.answers`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-import itertools
-import logging
-import operator
-import sys
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress, repeat
-from typing import Any, TypeVar, cast
+from itertools import repeat
+from typing import Any, cast
 
-from gas.core.allocator import Placement, Policy, Rejection, place, summarize
+from gas.core.allocator import Placement, Policy, Rejection, place
+from gas.core.answers import AnswerCache, Answers, request_shape
+from gas.core.holdings import PodHolding, PodObservation
 from gas.core.model import (
-    ANNOTATION_CARDS,
-    ANNOTATION_TILES,
     Allocation,
     NodeGpu,
     PodRequest,
-    SpecError,
-    TileAllocation,
     allocation_usage,
-    as_mapping,
     format_tiles,
-    is_card_name,
-    parse_cards,
-    parse_tiles,
-    pod_request,
     tiles_by_card,
 )
-
-log = logging.getLogger(__name__)
-
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 class State(enum.Enum):
     RESERVED = "reserved"
     PENDING = "pending"
     BOUND = "bound"
-
-
-# Slots: one of each per pod, tens of thousands of them, and a slotted instance is about
-# half the size of one with a __dict__.
-@dataclass(frozen=True, slots=True)
-class PodHolding:
-    """What one pod holds on one node, as derived from its annotation or a bind."""
-
-    uid: str
-    namespace: str
-    name: str
-    node: str
-    allocation: Allocation
-    usage: Mapping[str, Mapping[str, int]]
-    # Fail closed: cards named by an annotation that could not be read count as full;
-    # when no card can be made out at all, the whole node does.
-    blocked_cards: frozenset[str] = frozenset()
-    blocks_node: bool = False
-    # Tile indices per container and card (`gas-container-tiles`), held while the cards are.
-    tiles: TileAllocation = ()
-    # The pod's `spec.priority`: kube-scheduler's preempt call may name victims by UID alone.
-    priority: int = 0
 
 
 @dataclass(slots=True)
@@ -95,17 +59,6 @@ class _Entry:
     # Binding that landed, so their cards stay counted with this entry's.
     earlier: tuple[PodHolding, ...] = ()
     replaced: _Entry | None = None  # the PENDING entry a reservation took over, for cancel
-
-
-@dataclass(frozen=True)
-class PodObservation:
-    """A pod as the cluster shows it, reduced to what the ledger needs (built off-lock)."""
-
-    uid: str
-    namespace: str
-    name: str
-    terminal: bool
-    holding: PodHolding | None  # None: not bound by gas (no node or no annotation)
 
 
 @dataclass(frozen=True)
@@ -128,172 +81,10 @@ class NodeState:
     states: tuple[State, ...] = ()
 
 
-def observe_pod(pod: Mapping[str, Any]) -> PodObservation | None:
-    """Reduce a v1.Pod (JSON dict) to an observation; None when it has no UID."""
-    metadata = as_mapping(pod.get("metadata"))
-    uid = metadata.get("uid")
-    if not isinstance(uid, str) or not uid:
-        return None
-    # Namespaces and node names repeat across the pods: one string each for all of them.
-    namespace = sys.intern(str(metadata.get("namespace") or ""))
-    name = str(metadata.get("name") or "")
-    terminal = as_mapping(pod.get("status")).get("phase") in TERMINAL_PHASES
-    node = as_mapping(pod.get("spec")).get("nodeName")
-    annotations = as_mapping(metadata.get("annotations"))
-    cards = annotations.get(ANNOTATION_CARDS)
-    holding = None
-    if isinstance(node, str) and node and cards is not None:
-        node = sys.intern(node)
-        tiles = annotations.get(ANNOTATION_TILES)
-        holding = holding_from_annotation(uid, namespace, name, node, pod, cards, tiles)
-        priority = as_mapping(pod.get("spec")).get("priority")
-        if isinstance(priority, int) and not isinstance(priority, bool) and priority:
-            holding = dataclasses.replace(holding, priority=priority)
-    return PodObservation(uid, namespace, name, terminal, holding)
-
-
-def holding_from_annotation(
-    uid: str,
-    namespace: str,
-    name: str,
-    node: str,
-    pod: Mapping[str, Any],
-    cards: object,
-    tiles: object = None,
-) -> PodHolding:
-    """The usage a bound pod's annotations imply; fails closed when they cannot be read."""
-    try:
-        if not isinstance(cards, str):
-            raise SpecError(f"{ANNOTATION_CARDS} is not a string")
-        request = pod_request(pod)
-        allocation = parse_cards(cards, len(request.containers))
-        for need, given in zip(request.containers, allocation, strict=True):
-            if need.gpus > 0 and not given:
-                raise SpecError(f"{ANNOTATION_CARDS} gives container {need.name!r} no card")
-        usage = allocation_usage(request, allocation)
-    except SpecError as exc:
-        return _unreadable_cards(uid, namespace, name, node, cards, exc)
-    # Tens of thousands of pods hold a few hundred distinct card sets and usages: they
-    # share one (never changed) object each, which halves the ledger's memory.
-    allocation = _shared(("cards", allocation), allocation)
-    usage = _shared(("usage", *((card, tuple(r.items())) for card, r in usage.items())), usage)
-    if tiles is None:
-        return PodHolding(uid, namespace, name, node, allocation, usage)
-    try:
-        if not isinstance(tiles, str):
-            raise SpecError(f"{ANNOTATION_TILES} is not a string")
-        tile_allocation = parse_tiles(tiles, allocation)
-    except SpecError as exc:
-        # The cards are accounted as usual; which of their tiles the pod holds is unknown,
-        # so the cards the annotation names (else all the pod's cards) take no new pod.
-        text = tiles if isinstance(tiles, str) else ""
-        named = frozenset(_named_cards(text)) or frozenset(c for cs in allocation for c in cs)
-        _log_fail_closed(f"{namespace}/{name}", uid, node, ANNOTATION_TILES, text, exc, named)
-        return PodHolding(uid, namespace, name, node, allocation, usage, blocked_cards=named)
-    return PodHolding(uid, namespace, name, node, allocation, usage, tiles=tile_allocation)
-
-
-_T = TypeVar("_T")
-_SHARED_LIMIT = 100_000
-_shared_values: dict[Hashable, Any] = {}
-
-
-def _shared(key: Hashable, value: _T) -> _T:
-    """The value first shared under `key` (an equal one), else `value`, now shared."""
-    found: _T | None = _shared_values.get(key)
-    if found is not None:
-        return found
-    if len(_shared_values) >= _SHARED_LIMIT:
-        _shared_values.clear()  # only sharing is lost
-    _shared_values[key] = value
-    return value
-
-
-def _log_fail_closed(
-    pod: str,
-    uid: str,
-    node: str,
-    annotation: str,
-    text: str,
-    exc: SpecError,
-    named: frozenset[str],
-) -> None:
-    log.warning(
-        "pod %s (uid %s) on node %s: cannot account %s=%r (%s); "
-        "counting %s as full until the pod goes away",
-        pod,
-        uid,
-        node,
-        annotation,
-        text[:200],
-        exc,
-        ",".join(sorted(named)) if named else "the whole node",
-    )
-
-
-def _named_cards(text: str) -> list[str]:
-    parts = text.replace("|", ",").replace(":", ",").replace("+", ",").split(",")
-    return [part for part in parts if is_card_name(part)]
-
-
-def _unreadable_cards(
-    uid: str, namespace: str, name: str, node: str, cards: object, exc: SpecError
-) -> PodHolding:
-    text = cards if isinstance(cards, str) else ""
-    named = frozenset(_named_cards(text))
-    _log_fail_closed(f"{namespace}/{name}", uid, node, ANNOTATION_CARDS, text, exc, named)
-    return PodHolding(
-        uid, namespace, name, node, (), {}, blocked_cards=named, blocks_node=not named
-    )
-
-
-class _Answers:
-    """What `check` answered for one pod shape: by node name, the node object the answer
-    was computed for and the answer.
-
-    kube-scheduler asks about every node for every pod, pods mostly come in a few shapes,
-    and a bind changes one node. So answers are kept until their node changes: `_apply`
-    drops a node's answers when its book changes, and an answer computed for another node
-    object than the current one is not used. A filter then computes afresh only the nodes
-    that changed since the last pod of its shape, and finds the others with a few C-level
-    passes over the names."""
-
-    __slots__ = ("books", "entries")
-
-    def __init__(self, books: dict[str, _NodeBook]) -> None:
-        # The books the answers were computed against: a rebuild replaces them.
-        self.books = books
-        self.entries: dict[str, tuple[NodeGpu | None, Allocation | Rejection]] = {}
-
-
-_NO_ENTRY = (object(), None)  # its node is no node's: never current
-_NODE_OF = operator.itemgetter(0)
-_ANSWER_OF = operator.itemgetter(1)
-
-
-class _Derived:
-    """What `place` is given about one node in one state of its book, computed once for
-    all the pod shapes fitted to that state (dropped with the answers by `_apply`)."""
-
-    __slots__ = ("blocked", "node", "summary", "tiles_used")
-
-    def __init__(self, node: NodeGpu, book: _NodeBook) -> None:
-        self.node = node
-        self.blocked = frozenset(c for c, n in book.blocked.items() if n > 0)
-        self.tiles_used = book.tiles_used()
-        self.summary = summarize(node, book.usage, self.blocked)
-
-
-_SHAPES_KEPT = 16
-"""Pod shapes whose answers are kept (the most recently asked)."""
-_SHAPES_KNOWN = 10_000
-"""Request shapes numbered at once (see `Ledger._shape_key`)."""
-
-
 @dataclass
 class _NodeBook:
     """The sum of the holdings on one node. Changed only through `Ledger._apply`, which
-    drops the answers derived from it (`_Answers`)."""
+    drops the answers derived from it (`AnswerCache.invalidate`)."""
 
     usage: dict[str, dict[str, int]] = field(default_factory=dict)
     blocked: dict[str, int] = field(default_factory=dict)  # card -> pods blocking it
@@ -342,10 +133,7 @@ class Ledger:
         self._nodes: dict[str, NodeGpu] = {}
         self._entries: dict[str, _Entry] = {}
         self._books: dict[str, _NodeBook] = {}
-        self._answers: dict[int, _Answers] = {}  # by shape number, least recent first
-        self._derived: dict[str, _Derived] = {}  # by node name
-        self._shape_numbers: dict[Hashable, int] = {}
-        self._shape_counter = itertools.count()
+        self._cache = AnswerCache(self._policy)
 
     # ------------------------------------------------------------ nodes
 
@@ -422,8 +210,7 @@ class Ledger:
             ]
             self._entries = {}
             self._books = {}
-            self._answers.clear()
-            self._derived.clear()
+            self._cache.clear()
             for entry in keep:
                 self._entries[entry.holding.uid] = entry
                 for holding in (entry.holding, *entry.earlier):
@@ -446,24 +233,19 @@ class Ledger:
         if all(map(isinstance, items, repeat(str))):
             names = cast(list[str], items)
             return dict(zip(names, self.check_names(request, names, uid), strict=True))
-        shape = _request_shape(request)
+        shape = request_shape(request)
         with self._lock:
-            answers = self._answers_for(self._shape_key(shape))
+            answers = self._cache.answers(shape)
             own = self._own_pending(uid)
             results: dict[str, Allocation | Rejection] = {}
             for item in items:
                 if isinstance(item, str):
                     results[item] = self._check_names(request, [item], own, answers)[0]
                     continue
-                # A node object from the request: equal to the one an answer was computed
-                # for (nodes change rarely) is as good as the same.
-                name = item.name
-                entry = answers.entries.get(name)
-                mine = own is not None and own.node == name
-                if entry is not None and not mine and (entry[0] is item or entry[0] == item):
-                    results[name] = entry[1]
-                    continue
-                results[name] = self._answer(item, request, own, answers)
+                kept = None if own is not None and own.node == item.name else answers.get(item)
+                results[item.name] = (
+                    kept if kept is not None else self._answer(item, request, own, answers)
+                )
         return results
 
     def check_names(
@@ -471,9 +253,9 @@ class Ledger:
     ) -> list[Allocation | Rejection]:
         """`check` of nodes by name, the answers in the order of `names`: what a filter
         asks, of up to thousands of nodes, and a list is quicker to build than a dict."""
-        shape = _request_shape(request)
+        shape = request_shape(request)
         with self._lock:
-            answers = self._answers_for(self._shape_key(shape))
+            answers = self._cache.answers(shape)
             return self._check_names(request, names, self._own_pending(uid), answers)
 
     def _check_names(
@@ -481,54 +263,40 @@ class Ledger:
         request: PodRequest,
         names: Sequence[str],
         own: PodHolding | None,
-        answers: _Answers,
+        answers: Answers,
     ) -> list[Allocation | Rejection]:
         """`check_names` with the lock held. The kept answers are found and validated
         with C-level passes over the names; only the nodes that changed are fitted here."""
-        known = self._nodes
-        current = list(map(known.get, names))
-        entries = list(map(answers.entries.get, names, repeat(_NO_ENTRY)))
-        stale = map(operator.is_not, current, map(_NODE_OF, entries))
-        redo = list(compress(range(len(names)), stale))
-        results: list[Allocation | Rejection | None] = list(map(_ANSWER_OF, entries))
+        current = list(map(self._nodes.get, names))
+        results, redo = answers.kept(names, current)
         if own is not None:
             # The pod's own uncertain bind: its answer for this pod is not the kept one.
             redo += [index for index, name in enumerate(names) if name == own.node]
         for index in redo:
-            name = names[index]
             node = current[index]
             if node is None:
                 results[index] = _UNKNOWN_NODE
-                answers.entries[name] = (None, _UNKNOWN_NODE)
+                answers.keep(names[index], None, _UNKNOWN_NODE, len(self._nodes))
             else:
                 results[index] = self._answer(node, request, own, answers)
         return cast(list[Allocation | Rejection], results)  # every None was redone
 
     def _answer(
-        self, node: NodeGpu, request: PodRequest, own: PodHolding | None, answers: _Answers
+        self, node: NodeGpu, request: PodRequest, own: PodHolding | None, answers: Answers
     ) -> Allocation | Rejection:
         """Fit afresh; kept unless the pod's own uncertain bind is on the node (the answer
         is then for this pod alone)."""
-        mine = own if own is not None and own.node == node.name else None
-        placed = self._place_fresh(node, self._books.get(node.name), request, mine)
+        placed = self._place(node, request, own)
         result = placed if isinstance(placed, Rejection) else placed.cards
-        if mine is None:
-            if len(answers.entries) > 2 * len(self._nodes) + 1000:
-                answers.entries.clear()  # names of nodes long gone
-            answers.entries[node.name] = (node, result)
+        if own is None or own.node != node.name:
+            answers.keep(node.name, node, result, len(self._nodes))
         return result
-
-    def reserve(
-        self, uid: str, namespace: str, name: str, request: PodRequest, node_name: str
-    ) -> Allocation | Rejection:
-        """Choose cards on `node_name` and hold them for the pod until commit or cancel."""
-        result = self.reserve_placement(uid, namespace, name, request, node_name)
-        return result if isinstance(result, Rejection) else result.cards
 
     def reserve_placement(
         self, uid: str, namespace: str, name: str, request: PodRequest, node_name: str
     ) -> Placement | Rejection:
-        """As `reserve`, with the tiles chosen for the containers that ask for them."""
+        """Choose cards on `node_name`, and tiles for the containers that ask for them,
+        and hold them for the pod until commit or cancel."""
         now = self._clock()
         with self._lock:
             node = self._nodes.get(node_name)
@@ -705,64 +473,22 @@ class Ledger:
         entry = self._entries.get(uid) if uid else None
         return entry.holding if entry is not None and entry.state is State.PENDING else None
 
-    def _shape_key(self, shape: Hashable) -> int:
-        """A number for a request shape with the ledger's policy: equal numbers get equal
-        answers on equal node states. A number is hashed in no time, unlike the shape."""
-        key = (self._policy, shape)
-        number = self._shape_numbers.get(key)
-        if number is None:
-            if len(self._shape_numbers) >= _SHAPES_KNOWN:
-                # Numbers are never reused, so answers kept under old ones just go unused.
-                self._shape_numbers.clear()
-            number = self._shape_numbers[key] = next(self._shape_counter)
-        return number
-
-    def _answers_for(self, key: int) -> _Answers:
-        answers = self._answers.pop(key, None)
-        if answers is None or answers.books is not self._books:
-            answers = _Answers(self._books)
-            while len(self._answers) >= _SHAPES_KEPT:
-                del self._answers[next(iter(self._answers))]
-        self._answers[key] = answers  # now the most recent
-        return answers
-
     def _place(
-        self, node: NodeGpu, request: PodRequest, own: PodHolding | None = None
+        self, node: NodeGpu, request: PodRequest, own: PodHolding | None
     ) -> Placement | Rejection:
-        mine = own if own is not None and own.node == node.name else None
-        return self._place_fresh(node, self._books.get(node.name), request, mine)
-
-    def _place_fresh(
-        self,
-        node: NodeGpu,
-        book: _NodeBook | None,
-        request: PodRequest,
-        mine: PodHolding | None,
-    ) -> Placement | Rejection:
-        if book is None:
-            return place(node, {}, request, policy=self._policy)
-        if mine is not None:
-            return place(
-                node,
-                _without(book.usage, mine.usage),
-                request,
-                blocked=frozenset(c for c, n in book.blocked.items() if n > 0),
-                node_blocked=book.blocking_pods > 0,
-                tiles_used=book.tiles_used(mine),
-                policy=self._policy,
-            )
-        derived = self._derived.get(node.name)
-        if derived is None or derived.node is not node:
-            derived = self._derived[node.name] = _Derived(node, book)
+        """`place` on the node's book as it stands, but for the pod's own uncertain bind
+        (`own`) when that is on the node: the one state no other pod is fitted to."""
+        book = self._books.get(node.name)
+        if book is None or own is None or own.node != node.name:
+            return self._cache.place(node, book, request)
         return place(
             node,
-            book.usage,
+            _without(book.usage, own.usage),
             request,
-            blocked=derived.blocked,
+            blocked=frozenset(c for c, n in book.blocked.items() if n > 0),
             node_blocked=book.blocking_pods > 0,
-            tiles_used=derived.tiles_used,
+            tiles_used=book.tiles_used(own),
             policy=self._policy,
-            summary=derived.summary,
         )
 
     def _put(self, holding: PodHolding, state: State, since: float) -> None:
@@ -777,9 +503,7 @@ class Ledger:
             self._apply(holding, -1)
 
     def _apply(self, holding: PodHolding, sign: int) -> None:
-        for answers in self._answers.values():
-            answers.entries.pop(holding.node, None)
-        self._derived.pop(holding.node, None)
+        self._cache.invalidate(holding.node)
         book = self._books.setdefault(holding.node, _NodeBook())
         for card, resources in holding.usage.items():
             card_usage = book.usage.setdefault(card, {})
@@ -813,39 +537,6 @@ class Ledger:
 
 
 _UNKNOWN_NODE = Rejection("gpu: node is not known to gas", False)
-
-
-def _request_shape(request: PodRequest) -> Hashable:
-    """A hashable copy of everything in `request`, orders kept (a reason can name the first
-    resource in a container's order). Container names matter only to `gas-same-gpu`."""
-    group = request.same_gpu
-    containers = tuple(
-        (need.name if need.name in group else None, need.gpus, tuple(need.requests.items()))
-        for need in request.containers
-    )
-    rest = tuple(
-        _frozen(getattr(request, f.name))
-        for f in dataclasses.fields(request)
-        if f.name != "containers"
-    )
-    return containers, rest
-
-
-def _frozen(value: object) -> Hashable:
-    if isinstance(value, Mapping):
-        return tuple((key, _frozen(item)) for key, item in value.items())
-    if isinstance(value, tuple | list):
-        return tuple(_frozen(item) for item in value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = dataclasses.fields(value)
-        return type(value), tuple(_frozen(getattr(value, f.name)) for f in fields)
-    try:
-        hash(value)
-    except TypeError:
-        # A value of a kind this does not know (a future field): a key equal to no other,
-        # so the answer is computed afresh rather than possibly shared wrongly.
-        return object()
-    return value
 
 
 def _without(

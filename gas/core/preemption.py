@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from gas.core.allocator import Placement, Policy, Rejection, place
-from gas.core.ledger import NodeState, PodHolding, State
+from gas.core.holdings import PodHolding
+from gas.core.ledger import NodeState, State
 from gas.core.model import NodeGpu, PodRequest, tiles_by_card
 
 EXHAUSTIVE_VICTIMS = 16

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gas.core.ledger import PodHolding, observe_pod
+from gas.core.holdings import PodHolding, observe_pod
 from gas.core.model import (
     ANNOTATION_CARDS,
     SpecError,

@@ -24,7 +24,8 @@ from gas.cluster.leader import ElectionConfig, Elector, LeaderGatedCluster, Leas
 from gas.cluster.protocol import Cluster
 from gas.core import preemption
 from gas.core.allocator import Placement, Policy, Rejection, place
-from gas.core.ledger import Ledger, NodeState, PodHolding, PodObservation, State, observe_pod
+from gas.core.holdings import PodHolding, PodObservation, observe_pod
+from gas.core.ledger import Ledger, NodeState, State
 from gas.core.model import I915, TILES, ContainerNeed, NodeGpu, PodRequest, tiles_by_card
 from gas.core.preemption import Budget, Selection, Victim, select_all, select_victims
 from gas.serving.extender import create_app
@@ -112,7 +113,7 @@ def fits_without(
         if holding.uid not in set(gone):
             ledger.observe(PodObservation(holding.uid, "default", holding.uid, False, holding))
     if own is not None:
-        ledger.reserve(own.uid, "default", own.uid, request, gpu.name)
+        ledger.reserve_placement(own.uid, "default", own.uid, request, gpu.name)
         ledger.commit(own.uid)
     result = ledger.check(request, [gpu.name], own.uid if own is not None else None)[gpu.name]
     return not isinstance(result, Rejection)
@@ -344,7 +345,7 @@ def test_ledger_node_states_copy_holdings_and_priorities() -> None:
         observation = observe_pod(pod)
         assert observation is not None
         ledger.observe(observation)
-    mine = ledger.reserve("uid-me", "default", "me", ask(1), "n1")
+    mine = ledger.reserve_placement("uid-me", "default", "me", ask(1), "n1")
     assert not isinstance(mine, Rejection)
     ledger.commit("uid-me")  # uncertain: PENDING
     states = ledger.node_states(["n1", "ghost"], "uid-me")
@@ -358,7 +359,8 @@ def test_ledger_node_states_copy_holdings_and_priorities() -> None:
     entries = dict(zip((h.uid for h in state.holdings), state.states, strict=True))
     assert entries == {"uid-a": State.BOUND, "uid-b": State.BOUND, "uid-me": State.PENDING}
     # A new bind of the pod reserves while its uncertain earlier one stays counted.
-    assert not isinstance(ledger.reserve("uid-me", "default", "me", ask(1), "n1"), Rejection)
+    retry = ledger.reserve_placement("uid-me", "default", "me", ask(1), "n1")
+    assert not isinstance(retry, Rejection)
     again = ledger.node_states(["n1"])["n1"]
     pairs = [(h.uid, s) for h, s in zip(again.holdings, again.states, strict=True)]
     assert sorted(pairs, key=lambda p: (p[0], p[1].value)) == [

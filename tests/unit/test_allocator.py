@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gas.core import allocator
-from gas.core.allocator import NODE_BLOCKED, Rejection, allocate
+from gas.core.allocator import NODE_BLOCKED, Placement, Rejection, place
 from gas.core.model import (
     I915,
     TILES,
@@ -45,22 +45,27 @@ def used(**cards: dict[str, int]) -> dict[str, dict[str, int]]:
     return {card: {res(k): v for k, v in r.items()} for card, r in cards.items()}
 
 
+def cards_of(result: Placement | Rejection) -> Allocation | Rejection:
+    """The cards `place` chose (these tests are about card choice), or its rejection."""
+    return result if isinstance(result, Rejection) else result.cards
+
+
 # ---------------------------------------------------------------- basic placement
 
 
 def test_one_card_node() -> None:
     node = gpu_node(1, i915=8, memory_max=8 * G)
-    assert allocate(node, {}, pod(need(memory_max=5 * G))) == (("card0",),)
+    assert cards_of(place(node, {}, pod(need(memory_max=5 * G)))) == (("card0",),)
 
 
 def test_first_fit_prefers_lowest_card() -> None:
     node = gpu_node(4, i915=8)
-    assert allocate(node, {}, pod(need())) == (("card0",),)
+    assert cards_of(place(node, {}, pod(need()))) == (("card0",),)
 
 
 def test_full_card_is_skipped() -> None:
     node = gpu_node(2, i915=1)
-    assert allocate(node, used(card0={"i915": 1}), pod(need())) == (("card1",),)
+    assert cards_of(place(node, used(card0={"i915": 1}), pod(need()))) == (("card1",),)
 
 
 def test_numeric_order_card2_before_card10() -> None:
@@ -70,38 +75,38 @@ def test_numeric_order_card2_before_card10() -> None:
             "status": {"allocatable": {I915: "2"}},
         }
     )
-    assert allocate(node, {}, pod(need())) == (("card2",),)
+    assert cards_of(place(node, {}, pod(need()))) == (("card2",),)
 
 
 def test_multi_gpu_container_gets_distinct_cards() -> None:
     node = gpu_node(4, i915=8, memory_max=8 * G)
     request = pod(need(2, memory_max=8 * G))
-    assert allocate(node, {}, request) == (("card0", "card1"),)
+    assert cards_of(place(node, {}, request)) == (("card0", "card1"),)
 
 
 def test_multi_gpu_container_skips_busy_cards() -> None:
     node = gpu_node(4, i915=1)
     usage = used(card1={"i915": 1}, card2={"i915": 1})
-    assert allocate(node, usage, pod(need(2))) == (("card0", "card3"),)
+    assert cards_of(place(node, usage, pod(need(2)))) == (("card0", "card3"),)
 
 
 def test_four_gpu_container_on_four_card_node() -> None:
     node = gpu_node(4, i915=1)
-    assert allocate(node, {}, pod(need(4))) == (("card0", "card1", "card2", "card3"),)
+    assert cards_of(place(node, {}, pod(need(4)))) == (("card0", "card1", "card2", "card3"),)
 
 
 def test_container_asking_more_cards_than_node_has_is_unresolvable() -> None:
     node = gpu_node(2, i915=8)
-    assert allocate(node, {}, pod(need(3))) == Rejection(
+    assert cards_of(place(node, {}, pod(need(3)))) == Rejection(
         "gpu: container asks for 3 cards, node has 2", unresolvable=True
     )
 
 
 def test_multi_gpu_need_is_rounded_up_per_card() -> None:
     node = gpu_node(2, i915=1, memory_max=5)
-    assert allocate(node, {}, pod(need(2, memory_max=9))) == (("card0", "card1"),)
+    assert cards_of(place(node, {}, pod(need(2, memory_max=9)))) == (("card0", "card1"),)
     # 11 over 2 cards is 6 per card, more than 5.
-    result = allocate(node, {}, pod(need(2, memory_max=11)))
+    result = cards_of(place(node, {}, pod(need(2, memory_max=11))))
     assert result == Rejection(
         "gpu: container needs more gpu.intel.com/memory.max per card than a card has",
         unresolvable=True,
@@ -111,12 +116,12 @@ def test_multi_gpu_need_is_rounded_up_per_card() -> None:
 def test_xe_is_the_gpu_count() -> None:
     node = gpu_node(2, xe=4, i915=4)
     request = pod(ContainerNeed("c", 2, {XE: 2, I915: 1}))
-    assert allocate(node, {}, request) == (("card0", "card1"),)
+    assert cards_of(place(node, {}, request)) == (("card0", "card1"),)
 
 
 def test_xe_request_needs_xe_capacity() -> None:
     node = gpu_node(2, i915=4)
-    assert allocate(node, {}, pod(ContainerNeed("c", 1, {XE: 1}))) == Rejection(
+    assert cards_of(place(node, {}, pod(ContainerNeed("c", 1, {XE: 1})))) == Rejection(
         "gpu: node has no gpu.intel.com/xe per card", unresolvable=True
     )
 
@@ -127,39 +132,39 @@ def test_xe_request_needs_xe_capacity() -> None:
 def test_later_container_sees_earlier_usage() -> None:
     node = gpu_node(2, i915=8, memory_max=8 * G)
     request = pod(need(name="a", memory_max=5 * G), need(name="b", memory_max=5 * G))
-    assert allocate(node, {}, request) == (("card0",), ("card1",))
+    assert cards_of(place(node, {}, request)) == (("card0",), ("card1",))
 
 
 def test_containers_of_one_pod_may_share_a_card() -> None:
     node = gpu_node(2, i915=8, tiles=2)
     request = pod(need(name="a", tiles=1), need(name="b", tiles=1))
-    assert allocate(node, {}, request) == (("card0",), ("card0",))
+    assert cards_of(place(node, {}, request)) == (("card0",), ("card0",))
 
 
 def test_container_without_gpu_gets_no_card() -> None:
     node = gpu_node(1, i915=1)
     request = pod(need(0, name="side"), need(name="main"), ContainerNeed("x", 0, {MILLI: 9}))
-    assert allocate(node, {}, request) == ((), ("card0",), ())
+    assert cards_of(place(node, {}, request)) == ((), ("card0",), ())
 
 
 def test_pod_without_gpu_need_gets_empty_allocation_even_on_full_node() -> None:
     node = gpu_node(1, i915=1)
     request = pod(ContainerNeed("a", 0, {I915: 0}), ContainerNeed("b", 0, {MEM: 5}))
     full = used(card0={"i915": 1})
-    assert allocate(node, full, request) == ((), ())
-    assert allocate(node, full, request, node_blocked=True) == ((), ())
+    assert cards_of(place(node, full, request)) == ((), ())
+    assert cards_of(place(node, full, request, node_blocked=True)) == ((), ())
 
 
 def test_zero_i915_container_needs_no_card_and_no_capacity() -> None:
     node = gpu_node(1, i915=1)  # no memory.max on this node
     request = pod(ContainerNeed("a", 0, {I915: 0, MEM: 10 * G}))
-    assert allocate(node, {}, request) == ((),)
+    assert cards_of(place(node, {}, request)) == ((),)
 
 
 def test_two_containers_that_cannot_share_the_only_card_is_unresolvable() -> None:
     node = gpu_node(1, i915=8, memory_max=8)
     request = pod(need(name="a", memory_max=5), need(name="b", memory_max=5))
-    assert allocate(node, {}, request) == Rejection(
+    assert cards_of(place(node, {}, request)) == Rejection(
         "gpu: pod does not fit on this node even with all its cards idle", unresolvable=True
     )
 
@@ -169,12 +174,12 @@ def test_two_containers_that_cannot_share_the_only_card_is_unresolvable() -> Non
 
 def test_capacity_exactly_met_on_idle_card() -> None:
     node = gpu_node(1, i915=8, memory_max=8 * G)
-    assert allocate(node, {}, pod(need(memory_max=8 * G))) == (("card0",),)
+    assert cards_of(place(node, {}, pod(need(memory_max=8 * G)))) == (("card0",),)
 
 
 def test_one_unit_over_card_capacity_is_unresolvable() -> None:
     node = gpu_node(1, i915=8, memory_max=8 * G)
-    assert allocate(node, {}, pod(need(memory_max=8 * G + 1))) == Rejection(
+    assert cards_of(place(node, {}, pod(need(memory_max=8 * G + 1)))) == Rejection(
         "gpu: container needs more gpu.intel.com/memory.max per card than a card has",
         unresolvable=True,
     )
@@ -183,28 +188,28 @@ def test_one_unit_over_card_capacity_is_unresolvable() -> None:
 def test_capacity_exactly_met_with_usage() -> None:
     node = gpu_node(2, i915=8, memory_max=8 * G)
     usage = used(card0={"i915": 1, "memory_max": 3 * G})
-    assert allocate(node, usage, pod(need(memory_max=5 * G))) == (("card0",),)
+    assert cards_of(place(node, usage, pod(need(memory_max=5 * G)))) == (("card0",),)
 
 
 def test_one_unit_over_remaining_goes_to_next_card() -> None:
     node = gpu_node(2, i915=8, memory_max=8 * G)
     usage = used(card0={"i915": 1, "memory_max": 3 * G})
-    assert allocate(node, usage, pod(need(memory_max=5 * G + 1))) == (("card1",),)
+    assert cards_of(place(node, usage, pod(need(memory_max=5 * G + 1)))) == (("card1",),)
 
 
 def test_one_unit_over_remaining_everywhere_is_resolvable() -> None:
     node = gpu_node(2, i915=8, memory_max=8 * G)
     usage = used(card0={"i915": 1, "memory_max": 3 * G}, card1={"i915": 1, "memory_max": 3 * G})
-    assert allocate(node, usage, pod(need(memory_max=5 * G))) == (("card0",),)
-    assert allocate(node, usage, pod(need(memory_max=5 * G + 1))) == Rejection(
+    assert cards_of(place(node, usage, pod(need(memory_max=5 * G)))) == (("card0",),)
+    assert cards_of(place(node, usage, pod(need(memory_max=5 * G + 1)))) == Rejection(
         "gpu: not enough free gpu.intel.com/memory.max on the node's cards", unresolvable=False
     )
 
 
 def test_i915_share_count_limits_pods_per_card() -> None:
     node = gpu_node(1, i915=2, memory_max=8 * G)
-    assert allocate(node, used(card0={"i915": 1}), pod(need())) == (("card0",),)
-    assert allocate(node, used(card0={"i915": 2}), pod(need())) == Rejection(
+    assert cards_of(place(node, used(card0={"i915": 1}), pod(need()))) == (("card0",),)
+    assert cards_of(place(node, used(card0={"i915": 2}), pod(need()))) == Rejection(
         "gpu: not enough free gpu.intel.com/i915 on the node's cards", unresolvable=False
     )
 
@@ -214,7 +219,7 @@ def test_i915_share_count_limits_pods_per_card() -> None:
 
 def test_node_problem_is_unresolvable() -> None:
     node = node_from_object({"metadata": {"name": "plain"}, "status": {"allocatable": {}}})
-    assert allocate(node, {}, pod(need())) == Rejection(
+    assert cards_of(place(node, {}, pod(need()))) == Rejection(
         "gpu: node has no gpu.intel.com/gpu-numbers or gpu.intel.com/cards label",
         unresolvable=True,
     )
@@ -222,21 +227,21 @@ def test_node_problem_is_unresolvable() -> None:
 
 def test_node_problem_applies_even_to_a_pod_without_gpu_need() -> None:
     node = NodeGpu("bad", problem="gpu: node label gpu.intel.com/gpu-numbers is malformed")
-    assert allocate(node, {}, pod(need(0))) == Rejection(
+    assert cards_of(place(node, {}, pod(need(0)))) == Rejection(
         "gpu: node label gpu.intel.com/gpu-numbers is malformed", unresolvable=True
     )
 
 
 def test_resource_missing_on_node_is_unresolvable() -> None:
     node = gpu_node(2, i915=8)
-    assert allocate(node, {}, pod(need(millicores=100))) == Rejection(
+    assert cards_of(place(node, {}, pod(need(millicores=100)))) == Rejection(
         "gpu: node has no gpu.intel.com/millicores per card", unresolvable=True
     )
 
 
 def test_zero_request_of_missing_resource_still_needs_capacity() -> None:
     node = gpu_node(2, i915=8)
-    assert allocate(node, {}, pod(need(millicores=0))) == Rejection(
+    assert cards_of(place(node, {}, pod(need(millicores=0)))) == Rejection(
         "gpu: node has no gpu.intel.com/millicores per card", unresolvable=True
     )
 
@@ -247,7 +252,7 @@ def test_more_cards_than_i915_leaves_no_share_per_card() -> None:
         "status": {"allocatable": {I915: "2"}},
     }
     node = node_from_object(obj)
-    assert allocate(node, {}, pod(need())) == Rejection(
+    assert cards_of(place(node, {}, pod(need()))) == Rejection(
         "gpu: node has no gpu.intel.com/i915 per card", unresolvable=True
     )
 
@@ -259,16 +264,16 @@ def test_label_allocatable_mismatch_uses_truncated_share() -> None:
     }
     node = node_from_object(obj)
     assert node.capacity == {I915: 1}
-    assert allocate(node, used(card0={"i915": 1}), pod(need())) == (("card1",),)
+    assert cards_of(place(node, used(card0={"i915": 1}), pod(need()))) == (("card1",),)
     full = used(card0={"i915": 1}, card1={"i915": 1})
-    assert allocate(node, full, pod(need())) == Rejection(
+    assert cards_of(place(node, full, pod(need()))) == Rejection(
         "gpu: not enough free gpu.intel.com/i915 on the node's cards", unresolvable=False
     )
 
 
 def test_huge_memory_ask_is_unresolvable() -> None:
     node = gpu_node(2, i915=8, memory_max=8 * G)
-    assert allocate(node, {}, pod(need(memory_max=2**63 - 1))) == Rejection(
+    assert cards_of(place(node, {}, pod(need(memory_max=2**63 - 1)))) == Rejection(
         "gpu: container needs more gpu.intel.com/memory.max per card than a card has",
         unresolvable=True,
     )
@@ -291,7 +296,7 @@ def test_from_pod_dict_end_to_end() -> None:
             }
         }
     )
-    assert allocate(node, usage, pod_a) == (("card1",),)
+    assert cards_of(place(node, usage, pod_a)) == (("card1",),)
     pod_c = pod_request(
         {
             "spec": {
@@ -302,7 +307,7 @@ def test_from_pod_dict_end_to_end() -> None:
             }
         }
     )
-    assert allocate(node, usage, pod_c) == (("card0",), ("card0",))
+    assert cards_of(place(node, usage, pod_c)) == (("card0",), ("card0",))
 
 
 # ---------------------------------------------------------------- backtracking
@@ -313,7 +318,7 @@ def test_backtracking_finds_assignment_first_fit_misses() -> None:
     node = gpu_node(2, i915=8, memory_max=10)
     usage = used(card0={"memory_max": 1}, card1={"memory_max": 5})
     request = pod(need(name="a", memory_max=4), need(name="b", memory_max=9))
-    assert allocate(node, usage, request) == (("card1",), ("card0",))
+    assert cards_of(place(node, usage, request)) == (("card1",), ("card0",))
 
 
 def test_backtracking_across_multi_gpu_containers() -> None:
@@ -322,21 +327,21 @@ def test_backtracking_across_multi_gpu_containers() -> None:
     node = gpu_node(3, i915=8, memory_max=10)
     usage = used(card2={"memory_max": 5})
     request = pod(need(2, name="a", memory_max=8), need(1, name="b", memory_max=9))
-    assert allocate(node, usage, request) == (("card0", "card2"), ("card1",))
+    assert cards_of(place(node, usage, request)) == (("card0", "card2"), ("card1",))
 
 
 def test_first_fit_result_is_kept_when_it_works() -> None:
     node = gpu_node(4, i915=8, memory_max=10)
     request = pod(need(name="a", memory_max=4), need(2, name="b", memory_max=12))
     # First fit: a -> card0, b -> card0 (4+6 <= 10) and card1.
-    assert allocate(node, {}, request) == (("card0",), ("card0", "card1"))
+    assert cards_of(place(node, {}, request)) == (("card0",), ("card0", "card1"))
 
 
 def test_backtracking_failure_is_resolvable_when_idle_fits() -> None:
     node = gpu_node(2, i915=8, memory_max=10)
     usage = used(card0={"memory_max": 2}, card1={"memory_max": 6})
     request = pod(need(name="a", memory_max=4), need(name="b", memory_max=9))
-    result = allocate(node, usage, request)
+    result = cards_of(place(node, usage, request))
     assert result == Rejection(
         "gpu: not enough free gpu.intel.com/memory.max on the node's cards", unresolvable=False
     )
@@ -346,7 +351,7 @@ def test_all_cards_fit_alone_but_not_together_reason() -> None:
     node = gpu_node(1, i915=2, memory_max=10)
     usage = used(card0={"memory_max": 3})
     request = pod(need(name="a", memory_max=4), need(name="b", memory_max=4))
-    assert allocate(node, usage, request) == Rejection(
+    assert cards_of(place(node, usage, request)) == Rejection(
         "gpu: not enough free cards for every container of the pod", unresolvable=False
     )
 
@@ -358,7 +363,7 @@ def test_search_budget_exhaustion_rejects_instead_of_hanging(
     node = gpu_node(2, i915=8, memory_max=10)
     usage = used(card0={"memory_max": 1}, card1={"memory_max": 5})
     request = pod(need(name="a", memory_max=4), need(name="b", memory_max=9))
-    result = allocate(node, usage, request)
+    result = cards_of(place(node, usage, request))
     assert isinstance(result, Rejection)
     assert result.unresolvable is False
 
@@ -368,12 +373,12 @@ def test_search_budget_exhaustion_rejects_instead_of_hanging(
 
 def test_blocked_card_is_skipped() -> None:
     node = gpu_node(2, i915=8)
-    assert allocate(node, {}, pod(need()), blocked=frozenset({"card0"})) == (("card1",),)
+    assert cards_of(place(node, {}, pod(need()), blocked=frozenset({"card0"}))) == (("card1",),)
 
 
 def test_all_cards_blocked_is_resolvable() -> None:
     node = gpu_node(2, i915=8)
-    result = allocate(node, {}, pod(need()), blocked=frozenset({"card0", "card1"}))
+    result = cards_of(place(node, {}, pod(need()), blocked=frozenset({"card0", "card1"})))
     assert result == Rejection(
         "gpu: cards are held by a pod with an unreadable gas-container-cards annotation",
         unresolvable=False,
@@ -382,7 +387,7 @@ def test_all_cards_blocked_is_resolvable() -> None:
 
 def test_node_blocked_is_resolvable() -> None:
     node = gpu_node(2, i915=8)
-    assert allocate(node, {}, pod(need()), node_blocked=True) == Rejection(
+    assert cards_of(place(node, {}, pod(need()), node_blocked=True)) == Rejection(
         NODE_BLOCKED, unresolvable=False
     )
     assert "unreadable gas-container-cards annotation" in NODE_BLOCKED
@@ -390,32 +395,32 @@ def test_node_blocked_is_resolvable() -> None:
 
 def test_node_blocked_does_not_hide_unresolvable_reasons() -> None:
     node = gpu_node(2, i915=8)
-    assert allocate(node, {}, pod(need(3)), node_blocked=True) == Rejection(
+    assert cards_of(place(node, {}, pod(need(3)), node_blocked=True)) == Rejection(
         "gpu: container asks for 3 cards, node has 2", unresolvable=True
     )
 
 
 def test_order_overrides_numeric_order() -> None:
     node = gpu_node(3, i915=8)
-    assert allocate(node, {}, pod(need(2)), order=("card2", "card0", "card1")) == (
+    assert cards_of(place(node, {}, pod(need(2)), order=("card2", "card0", "card1"))) == (
         ("card2", "card0"),
     )
 
 
 def test_usage_of_cards_not_on_node_is_ignored() -> None:
     node = gpu_node(1, i915=1)
-    assert allocate(node, used(card7={"i915": 5}), pod(need())) == (("card0",),)
+    assert cards_of(place(node, used(card7={"i915": 5}), pod(need()))) == (("card0",),)
 
 
 def test_order_naming_a_foreign_card_is_not_used() -> None:
     node = gpu_node(2, i915=1)
-    result = allocate(node, {}, pod(need()), order=("card5", "card0", "card1"))
+    result = cards_of(place(node, {}, pod(need()), order=("card5", "card0", "card1")))
     assert result == (("card0",),)
 
 
 def test_order_with_repeated_card_keeps_cards_distinct() -> None:
     node = gpu_node(2, i915=2)
-    result = allocate(node, {}, pod(need(2)), order=("card0", "card0", "card1"))
+    result = cards_of(place(node, {}, pod(need(2)), order=("card0", "card0", "card1")))
     assert result == (("card0", "card1"),)
 
 
@@ -543,7 +548,7 @@ def test_any_allocation_is_valid(
     scenario: tuple[NodeGpu, dict[str, dict[str, int]], PodRequest],
 ) -> None:
     node, usage, request = scenario
-    result = allocate(node, usage, request)
+    result = cards_of(place(node, usage, request))
     if isinstance(result, Rejection):
         assert result.reason.startswith("gpu: ")
     else:
@@ -556,7 +561,7 @@ def test_allocate_agrees_with_exhaustive_search(
     scenario: tuple[NodeGpu, dict[str, dict[str, int]], PodRequest],
 ) -> None:
     node, usage, request = scenario
-    result = allocate(node, usage, request)
+    result = cards_of(place(node, usage, request))
     first_valid = next(brute_force(node, usage, request), None)
     if first_valid is None:
         assert isinstance(result, Rejection)
@@ -577,7 +582,7 @@ def test_blocked_cards_are_never_chosen(
 ) -> None:
     node, usage, request = scenario
     blocked = frozenset(node.cards[::2])
-    result = allocate(node, usage, request, blocked=blocked)
+    result = cards_of(place(node, usage, request, blocked=blocked))
     if not isinstance(result, Rejection):
         assert all(not (set(cards) & blocked) for cards in result)
         assert_valid(node, usage, request, result)

@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gas.core.allocator import Placement, Policy, Rejection, place, summarize
-from gas.core.ledger import Ledger, PodHolding, PodObservation, observe_pod
+from gas.core.holdings import PodHolding, PodObservation, observe_pod
+from gas.core.ledger import Ledger
 from gas.core.model import (
     ANNOTATION_ALLOW,
     ANNOTATION_DENY,
@@ -374,7 +375,7 @@ def test_ledger_answers_match_the_search(data: st.DataObject) -> None:
                     ledger._nodes[name] = saved
             assert got == {name: expected}
         elif op == "reserve":
-            ledger.reserve(uid, "ns", uid, request, name)
+            ledger.reserve_placement(uid, "ns", uid, request, name)
         elif op == "commit":
             ledger.commit(uid)
         elif op == "cancel":
@@ -421,7 +422,8 @@ def test_answers_follow_a_bind() -> None:
     pod = {"metadata": {}, "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}
     request = pod_request(pod)
     assert ledger.check(request, ["n"]) == {"n": (("card0",),)}
-    assert format_cards(ledger.reserve("a", "ns", "a", request, "n")) == "card0"  # type: ignore[arg-type]
+    placement = ledger.reserve_placement("a", "ns", "a", request, "n")
+    assert format_cards(placement.cards) == "card0"  # type: ignore[union-attr]
     assert ledger.check(request, ["n"]) == {
         "n": Rejection("gpu: not enough free gpu.intel.com/memory.max on the node's cards", False)
     }

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from gas.core.allocator import Placement, Policy, Rejection
-from gas.core.ledger import Ledger, observe_pod
+from gas.core.holdings import observe_pod
+from gas.core.ledger import Ledger
 from gas.core.model import (
     I915,
     TILES,

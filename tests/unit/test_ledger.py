@@ -11,14 +11,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from gas.core.allocator import NODE_BLOCKED, Rejection
-from gas.core.ledger import (
-    Ledger,
-    PodHolding,
-    PodObservation,
-    State,
-    holding_from_annotation,
-    observe_pod,
-)
+from gas.core.holdings import PodHolding, PodObservation, holding_from_annotation, observe_pod
+from gas.core.ledger import Ledger, State
 from gas.core.model import (
     I915,
     NodeGpu,
@@ -72,7 +66,10 @@ def ledger_with(
 
 def reserve_pod(ledger: Ledger, pod: dict[str, Any], node: str) -> Any:
     meta = pod["metadata"]
-    return ledger.reserve(meta["uid"], meta["namespace"], meta["name"], pod_request(pod), node)
+    result = ledger.reserve_placement(
+        meta["uid"], meta["namespace"], meta["name"], pod_request(pod), node
+    )
+    return result if isinstance(result, Rejection) else result.cards
 
 
 def bound_copy(pod: dict[str, Any], node: str, cards: str) -> dict[str, Any]:

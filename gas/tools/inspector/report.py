@@ -121,7 +121,7 @@ def build_report(
 ) -> AllocationReport:
     """What the annotations of `pods` give out on the cards of `nodes` (pure)."""
     # Imported when used: `gas` imports this module to build its parser on every start.
-    from gas.core.ledger import observe_pod
+    from gas.core.holdings import observe_pod
     from gas.tools.audit import usage_from_pods
 
     gpus = {gpu.name: gpu for gpu in map(node_from_object, nodes)}
