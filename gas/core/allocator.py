@@ -176,7 +176,7 @@ def place(
     dominant = dominant_resource(node, request) if mode in (BINPACK, SPREAD) else None
     fill = (dominant, mode == BINPACK) if dominant is not None else None
     for cards in sets:
-        found = _search(node, adjusted, request, cards, blocked, busy, balanced, fill)
+        found = _Search(node, adjusted, request, cards, blocked, busy, balanced, fill).run()
         if found is not None:
             tiles = _assign_tiles(node, request, found, busy)
             if tiles is not None:
@@ -184,7 +184,7 @@ def place(
     idle_busy = _busy_tiles(node, {})
     idle = _with_tile_usage(node, {}, {})
     if all(
-        _search(node, idle, request, cards, frozenset(), idle_busy, balanced) is None
+        _Search(node, idle, request, cards, frozenset(), idle_busy, balanced).run() is None
         for cards in sets
     ):
         return Rejection(
@@ -279,7 +279,7 @@ def _first_fit(
     blocked: frozenset[str],
     summary: Summary | None,
 ) -> Placement | Rejection:
-    """What `_search` finds for a pod whose only card-asking container is `index`: its
+    """What `_Search` finds for a pod whose only card-asking container is `index`: its
     first `gpus` fitting cards in `cards` order. The caller has checked that the node has
     enough usable cards and that a card has room for the per-card need, so the pod fits
     on the idle node and a miss is a shortage."""
@@ -377,156 +377,212 @@ def _static_check(node: NodeGpu, request: PodRequest) -> Rejection | None:
     return None
 
 
-class _Budget:
-    def __init__(self, steps: int) -> None:
-        self.left = steps
-
-    def spend(self) -> bool:
-        self.left -= 1
-        return self.left >= 0
-
-
 Found = tuple[Allocation, tuple[tuple[int, ...], ...]]
 """Cards per container, and for Xe-linked containers the linked tile on each card."""
 
 
-def _search(
-    node: NodeGpu,
-    usage: Usage,
-    request: PodRequest,
-    cards: Sequence[str],
-    blocked: frozenset[str],
-    busy: Mapping[str, frozenset[int]],
-    balanced: str = "",
-    fill: tuple[str, bool] | None = None,
-) -> Found | None:
-    """`fill` is (resource, fullest first): the binpack or spread card order."""
-    working: dict[str, dict[str, int]] = {}
-    taken: dict[str, set[int]] = {}  # tiles picked by this pod's Xe-linked containers
-    needs = request.containers
-    budget = _Budget(SEARCH_BUDGET)
-    chosen: list[tuple[str, ...]] = []
-    chosen_tiles: list[tuple[int, ...]] = []
-    group = set(request.same_gpu)
-    rank = {card: index for index, card in enumerate(cards)}
+class _Search:
+    """Backtracking over the pod's containers in order: each tries its card choices
+    (`options`) in turn with the containers before it in place, until the last one is
+    placed. Every choice tried spends one of `SEARCH_BUDGET` steps; when they run out the
+    search gives up as if nothing fit.
 
-    def used(card: str, res: str) -> int:
-        own = working.get(card)
-        if own is not None and res in own:
-            return own[res]
-        return usage.get(card, {}).get(res, 0)
+    All cards come from `cards`, in that order unless `balanced` (`--balancedResource`)
+    or `fill` ((resource, fullest first): the binpack or spread order) sorts them. `busy`
+    tiles are those no new pod may take (see `_busy_tiles`)."""
 
-    def fits(card: str, per_card: Mapping[str, int]) -> bool:
-        return all(
-            used(card, res) + amount <= node.capacity.get(res, 0)
-            for res, amount in per_card.items()
-        )
+    def __init__(
+        self,
+        node: NodeGpu,
+        usage: Usage,
+        request: PodRequest,
+        cards: Sequence[str],
+        blocked: frozenset[str],
+        busy: Mapping[str, frozenset[int]],
+        balanced: str = "",
+        fill: tuple[str, bool] | None = None,
+    ) -> None:
+        self.node = node
+        self.usage = usage
+        self.request = request
+        self.cards = cards
+        self.blocked = blocked
+        self.busy = busy
+        self.balanced = balanced
+        self.fill = fill
+        self.group = set(request.same_gpu)
+        self.rank = {card: index for index, card in enumerate(cards)}
+        self.steps_left = SEARCH_BUDGET
+        # What the containers placed so far hold: the usage of the cards they were given
+        # (with theirs added), the tiles the Xe-linked ones took, each one's cards and
+        # linked tiles.
+        self.working: dict[str, dict[str, int]] = {}
+        self.taken: dict[str, set[int]] = {}
+        self.chosen: list[tuple[str, ...]] = []
+        self.chosen_tiles: list[tuple[int, ...]] = []
 
-    def apply(picked: tuple[str, ...], per_card: Mapping[str, int], sign: int) -> None:
-        for card in picked:
-            own = working.setdefault(card, {})
-            for res, amount in per_card.items():
-                own[res] = used(card, res) + sign * amount
+    def run(self) -> Found | None:
+        """Cards for every container (and linked tiles), or None when none fit."""
+        if not self.place_from(0):
+            return None
+        return tuple(self.chosen), tuple(self.chosen_tiles)
 
-    def ordered() -> Sequence[str]:
-        if fill is not None:
-            res, fullest = fill
-            # Capacity is the same on every card of a node: least free = most used.
-            return sorted(
-                cards, key=lambda c: (-used(c, res) if fullest else used(c, res), rank[c])
-            )
-        if not balanced:
-            return cards
-        # Re-sorted before each container, as usage moves: spreads the pod's containers.
-        return sorted(cards, key=lambda c: (used(c, balanced), rank[c]))
+    def place_from(self, index: int) -> bool:
+        """Place container `index` and those after it, on top of those before it."""
+        needs = self.request.containers
+        if index == len(needs):
+            return True
+        need = needs[index]
+        per_card = need.per_card()
+        for picked, tiles in self.options(index, need):
+            if not self.spend():
+                return False
+            self.push(picked, tiles, per_card)
+            if self.place_from(index + 1):
+                return True
+            self.pop(picked, tiles, per_card)
+        return False
 
-    def group_card(index: int) -> str | None:
-        for earlier in range(index):
-            if needs[earlier].name in group:
-                return chosen[earlier][0]
-        return None
+    def spend(self) -> bool:
+        """Take one step of the budget; False once it is spent."""
+        self.steps_left -= 1
+        return self.steps_left >= 0
 
-    def free_tile(card: str, tile: int) -> bool:
-        return (
-            tile < node.tiles_per_card
-            and tile not in busy.get(card, ())
-            and tile not in taken.get(card, ())
-        )
+    def push(
+        self, picked: tuple[str, ...], tiles: tuple[int, ...], per_card: Mapping[str, int]
+    ) -> None:
+        """Place the next container on `picked` (and linked `tiles`)."""
+        self.add_usage(picked, per_card, +1)
+        self.take_tiles(picked, tiles, +1)
+        self.chosen.append(picked)
+        self.chosen_tiles.append(tiles)
 
-    def linked_pairs(per_card: Mapping[str, int]) -> list[tuple[str, int, str, int]]:
-        pairs = set()
-        for (a, a_tile), (b, b_tile) in node.xe_links:
-            # A link joins both ends: partners are found from either side (GAS only
-            # follows links left to right).
-            if a == b or a not in rank or b not in rank:
-                continue
-            if rank[b] < rank[a]:
-                a, a_tile, b, b_tile = b, b_tile, a, a_tile
-            if a in blocked or b in blocked:
-                continue
-            if (
-                free_tile(a, a_tile)
-                and free_tile(b, b_tile)
-                and fits(a, per_card)
-                and fits(b, per_card)
-            ):
-                pairs.add((a, a_tile, b, b_tile))
-        return sorted(pairs, key=lambda p: (rank[p[0]], p[1], rank[p[2]], p[3]))
+    def pop(
+        self, picked: tuple[str, ...], tiles: tuple[int, ...], per_card: Mapping[str, int]
+    ) -> None:
+        """Undo the `push` of the last container placed."""
+        self.chosen.pop()
+        self.chosen_tiles.pop()
+        self.take_tiles(picked, tiles, -1)
+        self.add_usage(picked, per_card, -1)
 
     def options(
-        index: int, need: ContainerNeed
+        self, index: int, need: ContainerNeed
     ) -> Iterator[tuple[tuple[str, ...], tuple[int, ...]]]:
+        """The card choices for container `index`, in the order they are tried, with the
+        linked tile on each card for Xe-linked pods. Lazy: each is checked against the
+        usage as it stands when it is reached (later containers are undone by then)."""
         if need.gpus == 0:
             yield (), ()
             return
         per_card = need.per_card()
-        if need.name in group:
-            shared = group_card(index)
+        if need.name in self.group:
+            shared = self.same_gpu_card(index)
             if shared is not None:
-                if fits(shared, per_card):
+                if self.fits(shared, per_card):
                     yield (shared,), ()
                 return
-        if request.xelink:
-            for combo in combinations(linked_pairs(per_card), need.gpus // 2):
+        if self.request.xelink:
+            for combo in combinations(self.linked_pairs(per_card), need.gpus // 2):
                 picked = tuple(card for a, _, b, _ in combo for card in (a, b))
                 if len(set(picked)) == len(picked):
                     yield picked, tuple(tile for _, at, _, bt in combo for tile in (at, bt))
             return
-        eligible = (c for c in ordered() if c not in blocked and fits(c, per_card))
+        blocked = self.blocked
+        eligible = (c for c in self.card_order() if c not in blocked and self.fits(c, per_card))
         if need.gpus == 1:
             # Lazily: first fit usually stops at the first free card.
             yield from (((card,), ()) for card in eligible)
         else:
             yield from ((combo, ()) for combo in combinations(list(eligible), need.gpus))
 
-    def take(picked: tuple[str, ...], tiles: tuple[int, ...], sign: int) -> None:
+    def used(self, card: str, res: str) -> int:
+        """How much of `res` is in use on `card`, the containers placed so far included."""
+        own = self.working.get(card)
+        if own is not None and res in own:
+            return own[res]
+        return self.usage.get(card, {}).get(res, 0)
+
+    def fits(self, card: str, per_card: Mapping[str, int]) -> bool:
+        """Whether `card` has room for `per_card` on top of its usage (`used`, inlined:
+        this is the search's innermost step)."""
+        own = self.working.get(card)
+        before = self.usage.get(card, {})
+        capacity = self.node.capacity
+        for res, amount in per_card.items():
+            used = own[res] if own is not None and res in own else before.get(res, 0)
+            if used + amount > capacity.get(res, 0):
+                return False
+        return True
+
+    def add_usage(self, picked: tuple[str, ...], per_card: Mapping[str, int], sign: int) -> None:
+        """Add (`sign` +1) or take back (-1) a container's `per_card` need on `picked`."""
+        for card in picked:
+            own = self.working.setdefault(card, {})
+            for res, amount in per_card.items():
+                own[res] = self.used(card, res) + sign * amount
+
+    def take_tiles(self, picked: tuple[str, ...], tiles: tuple[int, ...], sign: int) -> None:
+        """Take (`sign` +1) or give back (-1) the linked `tiles` on `picked`."""
         for card, tile in zip(picked, tiles, strict=False):
             if sign > 0:
-                taken.setdefault(card, set()).add(tile)
+                self.taken.setdefault(card, set()).add(tile)
             else:
-                taken[card].discard(tile)
+                self.taken[card].discard(tile)
 
-    def place_from(index: int) -> bool:
-        if index == len(needs):
-            return True
-        need = needs[index]
-        per_card = need.per_card()
-        for picked, tiles in options(index, need):
-            if not budget.spend():
-                return False
-            apply(picked, per_card, +1)
-            take(picked, tiles, +1)
-            chosen.append(picked)
-            chosen_tiles.append(tiles)
-            if place_from(index + 1):
-                return True
-            chosen.pop()
-            chosen_tiles.pop()
-            take(picked, tiles, -1)
-            apply(picked, per_card, -1)
-        return False
+    def card_order(self) -> Sequence[str]:
+        """The cards in the order the next container tries them."""
+        rank = self.rank
+        if self.fill is not None:
+            res, fullest = self.fill
+            # Capacity is the same on every card of a node: least free = most used.
+            return sorted(
+                self.cards,
+                key=lambda c: (-self.used(c, res) if fullest else self.used(c, res), rank[c]),
+            )
+        balanced = self.balanced
+        if not balanced:
+            return self.cards
+        # Re-sorted before each container, as usage moves: spreads the pod's containers.
+        return sorted(self.cards, key=lambda c: (self.used(c, balanced), rank[c]))
 
-    return (tuple(chosen), tuple(chosen_tiles)) if place_from(0) else None
+    def same_gpu_card(self, index: int) -> str | None:
+        """The card of the first container before `index` in the `gas-same-gpu` group."""
+        needs = self.request.containers
+        for earlier in range(index):
+            if needs[earlier].name in self.group:
+                return self.chosen[earlier][0]
+        return None
+
+    def tile_free(self, card: str, tile: int) -> bool:
+        return (
+            tile < self.node.tiles_per_card
+            and tile not in self.busy.get(card, ())
+            and tile not in self.taken.get(card, ())
+        )
+
+    def linked_pairs(self, per_card: Mapping[str, int]) -> list[tuple[str, int, str, int]]:
+        """The Xe links whose two cards both fit `per_card` and whose two tiles are free,
+        each as (card, tile, card, tile) with the earlier card first, in card order."""
+        rank = self.rank
+        pairs = set()
+        for (a, a_tile), (b, b_tile) in self.node.xe_links:
+            # A link joins both ends: partners are found from either side (GAS only
+            # follows links left to right).
+            if a == b or a not in rank or b not in rank:
+                continue
+            if rank[b] < rank[a]:
+                a, a_tile, b, b_tile = b, b_tile, a, a_tile
+            if a in self.blocked or b in self.blocked:
+                continue
+            if (
+                self.tile_free(a, a_tile)
+                and self.tile_free(b, b_tile)
+                and self.fits(a, per_card)
+                and self.fits(b, per_card)
+            ):
+                pairs.add((a, a_tile, b, b_tile))
+        return sorted(pairs, key=lambda p: (rank[p[0]], p[1], rank[p[2]], p[3]))
 
 
 def _assign_tiles(
