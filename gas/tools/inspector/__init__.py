@@ -1,7 +1,8 @@
 """`gas inspect` (also the kubectl plugin `kubectl gas`): GPU allocation per node and card.
 
 Reads nodes and pods from the API server and recomputes, from pod annotations alone and
-with the ledger's own code (`gas.core.holdings.observe_pod`, `gas.tools.audit.usage_from_pods`), what
+with the ledger's own code (`gas.core.holdings.observe_pod`,
+`gas.tools.audit.usage_from_pods`), what
 every card has given out: the same numbers a freshly started gas would hold. It needs no
 running gas, only read access to nodes and pods; `--extender URL` also asks a running gas
 for its ledger (`/debug/ledger`) and reports where the two disagree (drift).
