@@ -19,7 +19,12 @@ import kubernetes
 import pytest
 import yaml
 
-from gas.core.model import ANNOTATION_CARDS, LABEL_DESCHEDULE_POD, LABEL_GPU_NUMBERS
+from gas.core.model import (
+    ANNOTATION_CARDS,
+    ANNOTATION_NODE_CARDS,
+    LABEL_DESCHEDULE_POD,
+    LABEL_GPU_NUMBERS,
+)
 from gas.node.capacity import MEMORY
 from gas.node.discovery import discover_sysfs
 from gas.node.kubeapi import core_api as node_core_api
@@ -30,7 +35,7 @@ from tests.support.apiserver import (
     RbacRequest,
     rbac_grants_from_manifests,
 )
-from tests.support.fakesysfs import FakeCard, write_sysfs
+from tests.support.fakesysfs import GIB, FakeCard, remove_card, write_sysfs
 from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.ledger_checks import ledger_of, wait_for_nodes
 from tests.support.objects import container, gpu_node, gpu_pod
@@ -303,3 +308,49 @@ def test_gas_node_account_is_refused_the_rest(
         ("patch", "pods/status"),
         ("create", "pods/binding"),
     ]
+
+
+def test_gas_node_runs_its_whole_life_on_the_granted_rbac(
+    enforcing_node: ApiServerDouble, tmp_path: Path
+) -> None:
+    """`gas node` as a process, with the kubelet double admitting a GPU pod: it registers,
+    publishes the node's labels and capacity, hands the pod gas's card and records it, and
+    follows a card unplugged, all on the gas-node account's rules."""
+    nodeproc = pytest.importorskip("tests.support.nodeproc", reason="no gas node test harness")
+    api = enforcing_node
+    api.add_node({"metadata": {"name": "n1"}})
+    cards = [FakeCard(0), FakeCard(1, tiles=2)]
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    rig = nodeproc.NodeRig(api, kubeconfig, "n1", cards, tmp_path, extra=["--numa"])
+    try:
+        rig.wait_registered()
+        annotations = {ANNOTATION_CARDS: "card1"}
+        api.add_pod(gpu_pod("p", container(i915="1"), node="n1", annotations=annotations))
+
+        def handed_out() -> bool:
+            pod = api.get_pod("default", "p") or {}
+            notes = pod.get("metadata", {}).get("annotations", {})
+            return bool(notes.get(ANNOTATION_NODE_CARDS) == "card1")
+
+        wait_for(handed_out, timeout=30, what="gas-node-cards on the pod")
+
+        def capacity() -> dict[str, Any]:
+            node = api.get_node("n1") or {}
+            labels = node.get("metadata", {}).get("labels", {})
+            status = node.get("status", {}).get("capacity", {})
+            return {"cards": labels.get(LABEL_GPU_NUMBERS), "memory": status.get(MEMORY)}
+
+        wait_for(lambda: capacity() == {"cards": "0.1", "memory": str(48 * GIB)}, what="capacity")
+        remove_card(rig.sysfs, cards[0])
+        wait_for(lambda: capacity()["memory"] == str(32 * GIB), timeout=30, what="unplug")
+        time.sleep(0.5)  # let trailing requests (watch renewals, retries) land
+    finally:
+        rig.close()
+    targets = [(m, p) for m, p in api.request_targets]
+    paths = {(m, p.split("?")[0]) for m, p in targets}
+    assert ("PATCH", "/api/v1/nodes/n1") in paths
+    assert ("PATCH", "/api/v1/nodes/n1/status") in paths
+    assert ("PATCH", "/api/v1/namespaces/default/pods/p") in paths
+    assert any(m == "GET" and "fieldSelector=spec.nodeName" in p for m, p in targets)
+    assert api.denied == [], f"gas node needed more than deploy/ grants: {api.denied}"
+    assert "Forbidden" not in rig.agent.log() and " 403" not in rig.agent.log()
