@@ -448,16 +448,6 @@ def _gas_imports(tree: ast.AST) -> set[str]:
             for alias in node.names:
                 if _module_path(f"{node.module}.{alias.name}") is not None:
                     found.add(f"{node.module}.{alias.name}")
-        elif (
-            # importlib.import_module("gas.node.publish"): an import all the same.
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "import_module"
-            and node.args
-            and isinstance(node.args[0], ast.Constant)
-            and str(node.args[0].value).startswith("gas.")
-        ):
-            found.add(str(node.args[0].value))
     return found
 
 
@@ -719,3 +709,6 @@ def test_node_daemonset_arguments_are_gas_node_flags() -> None:
     (agent,) = find("DaemonSet", "gas-node")["spec"]["template"]["spec"]["containers"]
     args = build_parser().parse_args(_go_style(agent["args"]))
     assert args.command == "node"
+    # The port the manifest names is the one gas node serves its metrics on.
+    (port,) = agent["ports"]
+    assert (port["name"], port["containerPort"]) == ("metrics", args.metrics_port)

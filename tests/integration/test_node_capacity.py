@@ -20,9 +20,9 @@ from gas.node.discovery import CardWatcher, discover_sysfs
 from gas.node.kubeapi import core_api
 from gas.node.labels import LABEL_TILES
 from gas.node.publish import NodePublisher
-from tests.conftest import wait_for
 from tests.support.apiserver import ApiServerDouble
 from tests.support.fakesysfs import GIB, FakeCard, add_card, remove_card, write_sysfs
+from tests.support.polling import wait_for
 
 OWNED = (MEMORY, MILLICORES, LABEL_TILES)
 STATUS_PATCH = r"^/api/v1/nodes/n1/status$"
