@@ -6,10 +6,10 @@ COPY setup.py README.md ./
 COPY gas ./gas
 RUN python -m venv /opt/gas \
  && /opt/gas/bin/pip install --no-cache-dir --upgrade pip \
- && /opt/gas/bin/pip install --no-cache-dir '.[labeler]'
+ && /opt/gas/bin/pip install --no-cache-dir '.[labeler,node]'
 
 FROM python:3.11-slim
-# libudev for the node labeller (gas label-node); gas serve does not need it.
+# libudev for card discovery (gas node, gas label-node); gas serve does not need it.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libudev1 \
  && rm -rf /var/lib/apt/lists/*

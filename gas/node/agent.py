@@ -13,8 +13,6 @@ restart of the agent loses nothing.
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import logging
 import os
 import signal
@@ -35,6 +33,7 @@ from gas.node.plugin import DevicePlugin, Reporter
 from gas.node.podapi import EventSender, NodeApi
 from gas.node.podcache import PodCache
 from gas.node.podresources import DEFAULT_SOCKET, PodResourcesClient, PodResourcesError
+from gas.node.publish import NodePublisher
 from gas.node.registration import DEFAULT_PLUGIN_DIR, PluginServer
 
 log = logging.getLogger(__name__)
@@ -142,13 +141,8 @@ class Plugins:
 
 
 def _publisher(core: Any, node: str, shares: int, numa: bool) -> Callable[[list[Card]], bool]:
-    """The node labels and capacity writer (gas.node.publish) when this build has it."""
-    if importlib.util.find_spec("gas.node.publish") is None:
-        log.warning("this build cannot write node labels and capacity")
-        return lambda cards: True
-    publish: Any = importlib.import_module("gas.node.publish")
-    publisher = publish.NodePublisher(core, node, shares_per_card=shares, numa=numa)
-    return lambda cards: bool(publisher.publish(cards))
+    """The node labels and capacity writer."""
+    return NodePublisher(core, node, shares_per_card=shares, numa=numa).publish
 
 
 def run(args: argparse.Namespace) -> int:

@@ -499,7 +499,8 @@ class CardWatcher:
 
     `check()` discovers the cards and, when they differ from those `on_change` last
     accepted (always, the first time), calls `on_change(cards)`; a False answer or an
-    exception means "not done" and the same change is offered again on the next check.
+    exception means "not done", and the next check offers the cards it finds then, even
+    if they are back to those accepted before (the failed change may be half applied).
     `run(stop)` checks at once, after each burst of card events from `next_event`, every
     `resync` seconds, and again with backoff after a failure; it returns within `wake`
     seconds of `stop()` turning true, even while no event comes.
@@ -524,7 +525,8 @@ class CardWatcher:
         self._clock = clock
         self._wake = wake
         self.cards: list[Card] | None = None
-        """The cards `on_change` last accepted; None before the first success."""
+        """The cards `on_change` last accepted; None before the first success and after a
+        failure."""
 
     def check(self) -> bool:
         try:
@@ -540,9 +542,10 @@ class CardWatcher:
             accepted = self._on_change(list(cards))
         except Exception:  # the callback's failure must not end the watch
             log.exception("applying the card change failed")
-            return False
-        if accepted:
-            self.cards = cards
+            accepted = False
+        # A failed change may be half applied: whatever the cards are at the next check,
+        # even those of before, they are offered again.
+        self.cards = cards if accepted else None
         return accepted
 
     def _event(self, timeout: float | None) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gas.node.errors import NodeError
@@ -45,6 +45,24 @@ def read_node(api: Any, node: str) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise ValueError(f"node {node}: the API server sent no object")
     return obj
+
+
+def merge_patch(call: Callable[..., Any], name: str, body: Mapping[str, Any]) -> None:
+    """A JSON merge patch through a client method (`patch_node`, `patch_node_status`).
+
+    The answer is not decoded into the client's models: only the write matters, and a
+    model that rejects some field of the object would make a done write look failed.
+    """
+    response = call(
+        name,
+        dict(body),
+        _content_type=MERGE_PATCH,
+        _preload_content=False,
+        _request_timeout=API_TIMEOUT,
+    )
+    # Read to the end, so the connection goes back to the pool clean for the next call.
+    response.drain_conn()
+    response.release_conn()
 
 
 def describe_api_error(exc: Exception, node: str) -> str:

@@ -26,7 +26,7 @@ from gas.core.model import (
     TILES,
 )
 from gas.node.cards import Card
-from gas.node.kubeapi import API_TIMEOUT, MERGE_PATCH, read_node
+from gas.node.kubeapi import merge_patch, read_node
 
 LABEL_NUMA_GPU_MAP = LABEL_NUMA_MAP
 LABEL_TILES = TILES
@@ -160,12 +160,7 @@ def labels_of(node: Mapping[str, Any]) -> dict[str, str]:
 def patch_labels(api: Any, node: str, changes: Mapping[str, str | None]) -> None:
     """One merge patch of the node's labels; no call when there is nothing to change."""
     if changes:
-        api.patch_node(
-            node,
-            {"metadata": {"labels": dict(changes)}},
-            _content_type=MERGE_PATCH,
-            _request_timeout=API_TIMEOUT,
-        )
+        merge_patch(api.patch_node, node, {"metadata": {"labels": dict(changes)}})
 
 
 def apply_labels(

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from gas.cli import main
-from gas.core.model import I915
+from gas.core.model import ANNOTATION_NODE_CARDS, I915
 from gas.tools.audit import over_capacity, usage_from_pods
 from gas.tools.inspector.command import kubectl_main
 from tests.support.apiserver import ApiServerDouble
@@ -191,6 +191,8 @@ def card(
         "resources": {r: {"allocated": a, "capacity": c} for r, (a, c) in resources.items()},
         "pods": pods or [],
         "blocked_by": blocked_by or [],
+        "handed_out": [],
+        "node_drift": [],
     }
 
 
@@ -313,6 +315,145 @@ def test_json_keys_come_in_a_stable_order(apiserver: ApiServerDouble, inspect: I
     larger_cluster(apiserver)
     _, out = inspect("-o", "json")
     assert out == json.dumps(LARGER_JSON, indent=2) + "\n"
+
+
+# ------------------------------------------------------------------ the node side
+
+
+def handed(
+    name: str,
+    node: str,
+    cards: str,
+    node_cards: str,
+    *containers: dict[str, Any],
+    namespace: str = "default",
+) -> dict[str, Any]:
+    """A running pod gas bound, whose node side recorded what it handed out."""
+    pod = bound(name, node, cards, *containers, namespace=namespace)
+    pod["metadata"]["annotations"][ANNOTATION_NODE_CARDS] = node_cards
+    return pod
+
+
+def node_side_cluster(api: ApiServerDouble) -> None:
+    api.add_node(gpu_node("n1", "0.1.2", i915="6", memory_max="24Gi"))
+    api.add_pod(handed("same", "n1", "card0", "card0", container(i915="1", memory_max="2Gi")))
+    # gas counted card1, the container runs on card2.
+    api.add_pod(handed("swapped", "n1", "card1", "card2", container(i915="1", memory_max="4Gi")))
+    api.add_pod(
+        handed(
+            "sidecar",
+            "n1",
+            "card1|",
+            "card1|",
+            container("app", i915="1", memory_max="1Gi"),
+            container("proxy"),
+            namespace="ml",
+        )
+    )
+    # Bound, not started yet: nothing handed out, nothing to compare.
+    api.add_pod(bound("starting", "n1", "card2", container(i915="1", memory_max="1Gi")))
+    api.add_pod(handed("garbled", "n1", "card0", "card0|card1", container(i915="1")))
+    # Scheduled around gas, and given a card by the node side all the same.
+    api.add_pod(
+        gpu_pod(
+            "rogue",
+            container(i915="1"),
+            node="n1",
+            phase="Running",
+            annotations={ANNOTATION_NODE_CARDS: "card0"},
+        )
+    )
+    # Finished: whatever it was handed is free again.
+    api.add_pod(
+        handed("done", "n1", "card0", "card1", container(i915="1"))
+        | {"status": {"phase": "Succeeded"}}
+    )
+
+
+NODE_SIDE_TABLE = """\
+NODE  CARD   STATUS  i915  memory.max  PODS                           HANDED-OUT
+n1    card0  drift   2/2   2Gi/8Gi     default/garbled, default/same  default/rogue, default/same
+n1    card1  drift   2/2   5Gi/8Gi     default/swapped, ml/sidecar    ml/sidecar
+n1    card2  drift   1/2   1Gi/8Gi     default/starting               default/swapped
+
+Problems:
+  pod default/garbled on n1: gas-node-cards='card0|card1' cannot be read; what the node \
+handed out is unknown
+  pod default/rogue on n1, container app: gas decided nothing, the node handed out card0
+  pod default/swapped on n1, container app: gas decided card1, the node handed out card2
+
+Warnings:
+  pod default/rogue on n1 uses GPUs but has no gas-container-cards annotation: gas does not \
+account it (scheduled around the extender?)
+
+Total: 1 node, 3 cards, 5 pods; i915 5/6, memory.max 8Gi/24Gi
+"""
+
+
+def test_what_the_node_handed_out_beside_what_gas_decided(
+    apiserver: ApiServerDouble, inspect: Inspect
+) -> None:
+    node_side_cluster(apiserver)
+    status, out = inspect()
+    assert out == NODE_SIDE_TABLE
+    assert status == 1  # drift is a problem
+
+
+def test_node_side_json(apiserver: ApiServerDouble, inspect: Inspect) -> None:
+    node_side_cluster(apiserver)
+    status, out = inspect("-o", "json", "--node", "n1")
+    report = json.loads(out)
+    assert status == 1
+    cards = {c["name"]: c for c in report["nodes"][0]["cards"]}
+    assert {name: (c["pods"], c["handed_out"], c["node_drift"]) for name, c in cards.items()} == {
+        "card0": (
+            ["default/garbled", "default/same"],
+            ["default/rogue", "default/same"],
+            ["default/rogue"],
+        ),
+        "card1": (["default/swapped", "ml/sidecar"], ["ml/sidecar"], ["default/swapped"]),
+        "card2": (["default/starting"], ["default/swapped"], ["default/swapped"]),
+    }
+    assert [(p["kind"], p["node"], p["card"], p["pod"]) for p in report["problems"]] == [
+        ("annotation", "n1", None, "default/garbled"),
+        ("node_drift", "n1", None, "default/rogue"),
+        ("node_drift", "n1", None, "default/swapped"),
+    ]
+
+
+def test_a_card_only_the_node_side_names_gets_a_row(
+    apiserver: ApiServerDouble, inspect: Inspect
+) -> None:
+    apiserver.add_node(gpu_node("n1", "0", i915="2", memory_max="8Gi"))
+    apiserver.add_pod(handed("p", "n1", "card0", "card0,card3", container(i915="1")))
+    status, out = inspect()
+    assert status == 1
+    assert out == (
+        "NODE  CARD   STATUS         i915  memory.max  PODS       HANDED-OUT\n"
+        "n1    card0  ok             1/2   0/8Gi       default/p  default/p\n"
+        "n1    card3  unknown,drift  -     -                      default/p\n"
+        "\n"
+        "Problems:\n"
+        "  pod default/p on n1, container app: gas decided card0, the node handed out "
+        "card0, card3\n"
+        "\n"
+        "Total: 1 node, 1 card, 1 pod; i915 1/2, memory.max 0/8Gi\n"
+    )
+
+
+def test_a_node_side_that_agrees_is_all_well(apiserver: ApiServerDouble, inspect: Inspect) -> None:
+    apiserver.add_node(gpu_node("n1", "0.1", i915="4"))
+    apiserver.add_pod(handed("a", "n1", "card0,card1", "card1,card0", container(i915="2")))
+    apiserver.add_pod(bound("b", "n1", "card1", container(i915="1")))
+    status, out = inspect()
+    assert status == 0
+    assert out == (
+        "NODE  CARD   STATUS  i915  PODS                  HANDED-OUT\n"
+        "n1    card0  ok      1/2   default/a             default/a\n"
+        "n1    card1  ok      2/2   default/a, default/b  default/a\n"
+        "\n"
+        "Total: 1 node, 2 cards, 2 pods; i915 3/4\n"
+    )
 
 
 # ------------------------------------------------------------------ --node

@@ -19,13 +19,23 @@ import kubernetes
 import pytest
 import yaml
 
-from gas.core.model import ANNOTATION_CARDS, LABEL_DESCHEDULE_POD
+from gas.core.model import (
+    ANNOTATION_CARDS,
+    ANNOTATION_NODE_CARDS,
+    LABEL_DESCHEDULE_POD,
+    LABEL_GPU_NUMBERS,
+)
+from gas.node.capacity import MEMORY
+from gas.node.discovery import discover_sysfs
+from gas.node.kubeapi import core_api as node_core_api
+from gas.node.publish import NodePublisher
 from tests.support.apiserver import (
     ApiServerDouble,
     RbacGrant,
     RbacRequest,
     rbac_grants_from_manifests,
 )
+from tests.support.fakesysfs import GIB, FakeCard, remove_card, write_sysfs
 from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.ledger_checks import ledger_of, wait_for_nodes
 from tests.support.objects import container, gpu_node, gpu_pod
@@ -33,14 +43,15 @@ from tests.support.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE_ACCOUNT = ("gas-system", "gas")
+NODE_ACCOUNT = ("gas-system", "gas-node")
 DESCHEDULE_CARD0 = "telemetry.aware.scheduling.policy/gas-deschedule-pods-card0"
 
 
-def deploy_grants() -> list[RbacGrant]:
+def deploy_grants(account: tuple[str, str] = SERVICE_ACCOUNT) -> list[RbacGrant]:
     documents: list[Any] = []
     for path in sorted((ROOT / "deploy").glob("*.yaml")):
         documents.extend(yaml.safe_load_all(path.read_text()))
-    return rbac_grants_from_manifests(documents, SERVICE_ACCOUNT)
+    return rbac_grants_from_manifests(documents, account)
 
 
 @pytest.fixture
@@ -232,3 +243,114 @@ def filter_call(gas: GasProcess, pod: dict[str, Any], nodes: list[str]) -> dict[
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()
     return body
+
+
+# ------------------------------------------------------------------ gas node's account
+
+
+@pytest.fixture
+def enforcing_node() -> Iterator[ApiServerDouble]:
+    with ApiServerDouble(rbac=deploy_grants(NODE_ACCOUNT)) as double:
+        double.rbac_user = "system:serviceaccount:gas-system:gas-node"
+        yield double
+
+
+def test_gas_node_keeps_labels_and_capacity_on_its_granted_rbac(
+    enforcing_node: ApiServerDouble, tmp_path: Path
+) -> None:
+    api = enforcing_node
+    api.add_node({"metadata": {"name": "n1"}, "status": {"capacity": {"cpu": "8"}}})
+    cards = discover_sysfs(write_sysfs(tmp_path / "sys", [FakeCard(0), FakeCard(1)]))
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    publisher = NodePublisher(node_core_api(kubeconfig), "n1", numa=True)
+    assert publisher.publish(cards)
+    assert publisher.publish(cards[:1])
+    assert publisher.publish([])
+    node = api.get_node("n1")
+    assert node is not None
+    assert LABEL_GPU_NUMBERS not in node["metadata"].get("labels", {})
+    assert MEMORY not in node["status"]["capacity"]
+    methods = {(m, p.split("?")[0]) for m, p in api.request_targets}
+    assert {
+        ("GET", "/api/v1/nodes/n1"),
+        ("PATCH", "/api/v1/nodes/n1"),
+        ("PATCH", "/api/v1/nodes/n1/status"),
+    } <= methods
+    assert api.denied == [], f"gas node needed more than deploy/ grants: {api.denied}"
+
+
+def test_gas_node_account_is_refused_the_rest(
+    enforcing_node: ApiServerDouble, tmp_path: Path
+) -> None:
+    enforcing_node.add_node({"metadata": {"name": "n1"}})
+    enforcing_node.add_pod(gpu_pod("victim", node="n1"))
+    api = core_api(enforcing_node, tmp_path)
+    # Granted: its own kinds of reads.
+    assert api.read_namespaced_pod("victim", "default").metadata is not None
+    binding: Any = {"target": {"kind": "Node", "name": "n1"}, "metadata": {"name": "victim"}}
+    node: Any = {"metadata": {"name": "n1"}}
+    refused = [
+        lambda: api.list_node(),
+        lambda: api.replace_node("n1", node),
+        lambda: api.delete_namespaced_pod("victim", "default"),
+        lambda: api.patch_namespaced_pod_status("victim", "default", {"status": {}}),
+        lambda: api.create_namespaced_pod_binding("victim", "default", binding),
+    ]
+    for call in refused:
+        with pytest.raises(kubernetes.client.ApiException) as caught:
+            call()
+        assert caught.value.status == 403
+        assert "system:serviceaccount:gas-system:gas-node" in (caught.value.body or "")
+    assert [(d.verb, d.resource_path) for d in enforcing_node.denied] == [
+        ("list", "nodes"),
+        ("update", "nodes"),
+        ("delete", "pods"),
+        ("patch", "pods/status"),
+        ("create", "pods/binding"),
+    ]
+
+
+def test_gas_node_runs_its_whole_life_on_the_granted_rbac(
+    enforcing_node: ApiServerDouble, tmp_path: Path
+) -> None:
+    """`gas node` as a process, with the kubelet double admitting a GPU pod: it registers,
+    publishes the node's labels and capacity, hands the pod gas's card and records it, and
+    follows a card unplugged, all on the gas-node account's rules."""
+    nodeproc = pytest.importorskip("tests.support.nodeproc", reason="no gas node test harness")
+    api = enforcing_node
+    api.add_node({"metadata": {"name": "n1"}})
+    cards = [FakeCard(0), FakeCard(1, tiles=2)]
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    rig = nodeproc.NodeRig(api, kubeconfig, "n1", cards, tmp_path, extra=["--numa"])
+    try:
+        rig.wait_registered()
+        annotations = {ANNOTATION_CARDS: "card1"}
+        api.add_pod(gpu_pod("p", container(i915="1"), node="n1", annotations=annotations))
+
+        def handed_out() -> bool:
+            pod = api.get_pod("default", "p") or {}
+            notes = pod.get("metadata", {}).get("annotations", {})
+            return bool(notes.get(ANNOTATION_NODE_CARDS) == "card1")
+
+        wait_for(handed_out, timeout=30, what="gas-node-cards on the pod")
+
+        def capacity() -> dict[str, Any]:
+            node = api.get_node("n1") or {}
+            labels = node.get("metadata", {}).get("labels", {})
+            status = node.get("status", {}).get("capacity", {})
+            return {"cards": labels.get(LABEL_GPU_NUMBERS), "memory": status.get(MEMORY)}
+
+        wait_for(lambda: capacity() == {"cards": "0.1", "memory": str(48 * GIB)}, what="capacity")
+        remove_card(rig.sysfs, cards[0])
+        wait_for(lambda: capacity()["memory"] == str(32 * GIB), timeout=30, what="unplug")
+        time.sleep(0.5)  # let trailing requests (watch renewals, retries) land
+    finally:
+        rig.close()
+    targets = [(m, p) for m, p in api.request_targets]
+    paths = {(m, p.split("?")[0]) for m, p in targets}
+    assert ("PATCH", "/api/v1/nodes/n1") in paths
+    assert ("PATCH", "/api/v1/nodes/n1/status") in paths
+    assert ("PATCH", "/api/v1/namespaces/default/pods/p") in paths
+    assert any(m == "GET" and "fieldSelector=spec.nodeName" in p for m, p in targets)
+    assert api.denied == [], f"gas node needed more than deploy/ grants: {api.denied}"
+    assert "Forbidden" not in rig.agent.log() and " 403" not in rig.agent.log()

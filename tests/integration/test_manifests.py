@@ -95,6 +95,9 @@ CLUSTER_SCOPED_KINDS = {
     "MutatingWebhookConfiguration",
 }
 WORKLOAD_KINDS = {"Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job"}
+# In deploy/ but applied on its own (`kubectl apply -f`), not by the kustomization: the
+# label-only labeller, for clusters where another component hands out the devices.
+OPTIONAL_MANIFESTS = {"labeler-daemonset.yaml"}
 
 
 def load_all(path: Path) -> list[dict[str, Any]]:
@@ -232,14 +235,16 @@ def test_kustomization_lists_every_manifest(kustomization: dict[str, Any]) -> No
     assert len(resources) == len(set(resources)), "a file is listed twice"
     on_disk = {path.name for path in manifest_files()}
     assert set(resources) - on_disk == set(), "listed but missing: kubectl apply -k would fail"
-    assert on_disk - set(resources) == set(), "in deploy/ but not applied by the kustomization"
+    assert on_disk - set(resources) == OPTIONAL_MANIFESTS, (
+        "in deploy/ but not applied by the kustomization"
+    )
     assert {
         "namespace.yaml",
         "rbac.yaml",
         "deployment.yaml",
         "service.yaml",
         "pdb.yaml",
-        "labeler-daemonset.yaml",
+        "node-daemonset.yaml",
     } <= set(resources)
 
 
@@ -291,7 +296,11 @@ def test_kubectl_kustomize_builds_exactly_the_files(kustomization: dict[str, Any
     )
     assert result.returncode == 0, result.stderr
     built = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-    expected = [_kustomized(doc, kustomization) for _, _, doc in all_documents()]
+    expected = [
+        _kustomized(doc, kustomization)
+        for file, _, doc in all_documents()
+        if file not in OPTIONAL_MANIFESTS
+    ]
 
     def key(doc: dict[str, Any]) -> tuple[str, str, str]:
         return (doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"])
@@ -442,13 +451,8 @@ def _gas_imports(tree: ast.AST) -> set[str]:
     return found
 
 
-def serve_modules() -> dict[str, Path]:
-    """Every gas module the `gas serve` process can run: the imports of `cli.serve`, and
-    theirs, transitively. Other commands (`inspect`, `label-node`, `certs`) run under
-    someone else's credentials, not gas's ServiceAccount."""
-    cli = ast.parse((ROOT / "gas" / "cli.py").read_text())
-    (serve,) = [n for n in cli.body if isinstance(n, ast.FunctionDef) and n.name == "serve"]
-    pending = _gas_imports(serve)
+def _follow(pending: set[str]) -> dict[str, Path]:
+    """These modules and every gas module they import, transitively."""
     modules: dict[str, Path] = {}
     while pending:
         module = pending.pop()
@@ -458,6 +462,27 @@ def serve_modules() -> dict[str, Path]:
         modules[module] = path
         pending |= _gas_imports(ast.parse(path.read_text()))
     return modules
+
+
+def serve_modules() -> dict[str, Path]:
+    """Every gas module the `gas serve` process can run: the imports of `cli.serve`, and
+    theirs, transitively. Other commands (`inspect`, `label-node`, `certs`) run under
+    someone else's credentials, not gas's ServiceAccount."""
+    cli = ast.parse((ROOT / "gas" / "cli.py").read_text())
+    (serve,) = [n for n in cli.body if isinstance(n, ast.FunctionDef) and n.name == "serve"]
+    return _follow(_gas_imports(serve))
+
+
+NODE_AGENT = ROOT / "gas" / "node" / "agent.py"
+
+
+def node_modules() -> dict[str, Path]:
+    """Every gas module the `gas node` process can run: its entry point `gas.node.agent`
+    and its imports, transitively; before that module exists, every module of gas/node."""
+    if NODE_AGENT.is_file():
+        return _follow({"gas.node.agent"})
+    node = ROOT / "gas" / "node"
+    return _follow({f"gas.node.{path.stem}" for path in node.glob("*.py")})
 
 
 def api_calls(sources: list[str]) -> set[str]:
@@ -474,18 +499,19 @@ def api_calls(sources: list[str]) -> set[str]:
     return calls
 
 
-def granted_to_gas() -> dict[tuple[str, str], set[str]]:
-    """(group, resource) -> verbs, over every role bound to the gas ServiceAccount."""
+def granted_to(account: str) -> dict[tuple[str, str], set[str]]:
+    """(group, resource) -> verbs, over every role bound to this ServiceAccount of gas's
+    namespace."""
     roles: list[tuple[str, str | None, str]] = []
     for _, _, doc in all_documents():
         if doc["kind"] in ("ClusterRoleBinding", "RoleBinding") and any(
-            s["kind"] == "ServiceAccount" and s["name"] == "gas" and s["namespace"] == NAMESPACE
+            s["kind"] == "ServiceAccount" and s["name"] == account and s["namespace"] == NAMESPACE
             for s in doc["subjects"]
         ):
             roles.append(
                 (doc["roleRef"]["kind"], doc["metadata"].get("namespace"), doc["roleRef"]["name"])
             )
-    assert roles, "nothing is granted to the gas ServiceAccount"
+    assert roles, f"nothing is granted to the {account} ServiceAccount"
     granted: dict[tuple[str, str], set[str]] = {}
     for kind, namespace, name in roles:
         role = find(kind, name)
@@ -546,4 +572,143 @@ def test_rbac_grants_exactly_what_the_code_calls() -> None:
     needed: dict[tuple[str, str], set[str]] = {}
     for group, resource, verbs in CALL_RULES.values():
         needed.setdefault((group, resource), set()).update(verbs)
-    assert granted_to_gas() == needed
+    assert granted_to("gas") == needed
+
+
+# Each Kubernetes call `gas node` makes, and the RBAC rule it needs.
+NODE_CALL_RULES = {
+    "CoreV1Api.read_node": ("", "nodes", {"get"}),
+    "CoreV1Api.patch_node": ("", "nodes", {"patch"}),
+    "CoreV1Api.patch_node_status": ("", "nodes/status", {"patch"}),
+    "CoreV1Api.list_pod_for_all_namespaces": ("", "pods", {"list", "watch"}),
+    "CoreV1Api.read_namespaced_pod": ("", "pods", {"get"}),
+    "CoreV1Api.patch_namespaced_pod": ("", "pods", {"patch"}),
+    "CoreV1Api.create_namespaced_event": ("", "events", {"create"}),
+    "CoreV1Api.patch_namespaced_event": ("", "events", {"patch"}),
+}
+# Granted ahead of the code: updating a repeated Event. Every other rule must be used by a
+# call.
+NODE_GRANTED_AHEAD = {"CoreV1Api.patch_namespaced_event"}
+# The device plugin's calls, granted ahead too while gas/node/agent.py is not there yet.
+DEVICE_PLUGIN_CALLS = {
+    "CoreV1Api.list_pod_for_all_namespaces",
+    "CoreV1Api.read_namespaced_pod",
+    "CoreV1Api.patch_namespaced_pod",
+    "CoreV1Api.create_namespaced_event",
+}
+
+
+def test_node_modules_are_those_gas_node_runs() -> None:
+    modules = node_modules()
+    assert {
+        "gas.node.discovery",
+        "gas.node.labels",
+        "gas.node.capacity",
+        "gas.node.publish",
+        "gas.node.kubeapi",
+    } <= set(modules)
+    # The extender's and the operator commands' modules run under other credentials.
+    assert {m.split(".")[1] for m in modules} <= {"node", "core"}, sorted(modules)
+
+
+def test_node_rbac_grants_exactly_what_the_code_calls() -> None:
+    calls = api_calls([path.read_text() for path in node_modules().values()])
+    assert calls - set(NODE_CALL_RULES) == set(), "a new call needs a rule here and in deploy/"
+    unused = set(NODE_CALL_RULES) - calls
+    ahead = NODE_GRANTED_AHEAD | (set() if NODE_AGENT.is_file() else DEVICE_PLUGIN_CALLS)
+    assert unused <= ahead, f"rules for calls gas node no longer makes: {unused}"
+    needed: dict[tuple[str, str], set[str]] = {}
+    for group, resource, verbs in NODE_CALL_RULES.values():
+        needed.setdefault((group, resource), set()).update(verbs)
+    assert granted_to("gas-node") == needed
+
+
+def test_the_extender_and_the_agent_do_not_share_rights() -> None:
+    """Each process has its own ServiceAccount: the extender cannot write nodes, and the
+    agent cannot bind pods or read Leases."""
+    extender, agent = granted_to("gas"), granted_to("gas-node")
+    assert ("", "nodes/status") not in extender and "patch" not in extender[("", "nodes")]
+    assert ("", "pods/binding") not in agent
+    assert not any(group == "coordination.k8s.io" for group, _ in agent)
+
+
+# ------------------------------------------------------------------ the node agent
+
+
+def test_node_daemonset_runs_gas_node_with_what_it_needs() -> None:
+    daemonset = find("DaemonSet", "gas-node")
+    pod = daemonset["spec"]["template"]["spec"]
+    labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    assert _selects(daemonset["spec"]["selector"]["matchLabels"], labels)
+    assert pod["serviceAccountName"] == "gas-node"
+    assert find("ServiceAccount", "gas-node")["metadata"]["namespace"] == NAMESPACE
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    (agent,) = pod["containers"]
+    assert agent["args"][0] == "node"
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in agent["env"]}
+    assert env == {"NODE_NAME": "spec.nodeName"}
+    requests = agent["resources"]["requests"]
+    assert requests["cpu"] and requests["memory"] and agent["resources"]["limits"]["memory"]
+
+    # The host paths, each where gas node looks for it, read-only unless it writes there.
+    volumes = {v["name"]: v["hostPath"] for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
+    assert {path: volumes[m["name"]]["path"] for path, m in mounts.items()} == {
+        "/var/lib/kubelet/device-plugins": "/var/lib/kubelet/device-plugins",
+        "/var/lib/kubelet/pod-resources": "/var/lib/kubelet/pod-resources",
+        "/sys": "/sys",
+        "/run/udev": "/run/udev",
+    }
+    writable = {path for path, m in mounts.items() if not m.get("readOnly")}
+    assert writable == {"/var/lib/kubelet/device-plugins"}
+
+    # Root for the kubelet's root-owned sockets, but nothing more: no capabilities, no
+    # privilege, no writable root file system.
+    security = agent["securityContext"]
+    assert "privileged" not in security
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def _matches(term: dict[str, Any], labels: dict[str, str]) -> bool:
+    for expression in term["matchExpressions"]:
+        assert expression["operator"] == "In", expression
+        if labels.get(expression["key"]) not in expression["values"]:
+            return False
+    return True
+
+
+def test_node_daemonset_lands_on_gpu_nodes_only() -> None:
+    pod = find("DaemonSet", "gas-node")["spec"]["template"]["spec"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+
+    def schedulable(labels: dict[str, str]) -> bool:
+        linux = _selects(pod["nodeSelector"], labels)
+        return linux and any(_matches(term, labels) for term in terms)
+
+    linux = {"kubernetes.io/os": "linux"}
+    assert schedulable(linux | {"intel.feature.node.kubernetes.io/gpu": "true"})
+    assert schedulable(linux | {"feature.node.kubernetes.io/pci-0300_8086.present": "true"})
+    assert schedulable(linux | {"feature.node.kubernetes.io/pci-0380_8086.present": "true"})
+    assert not schedulable(linux)
+    assert not schedulable(linux | {"feature.node.kubernetes.io/pci-0300_10de.present": "true"})
+    assert not schedulable({"intel.feature.node.kubernetes.io/gpu": "true"})
+    # A tainted GPU node still gets its agent.
+    assert {"operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+
+
+def test_node_daemonset_arguments_are_gas_node_flags() -> None:
+    from gas.cli import COMMANDS, _go_style, build_parser
+
+    if "node" not in COMMANDS:
+        pytest.skip("this build has no `gas node` command yet")
+    (agent,) = find("DaemonSet", "gas-node")["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(_go_style(agent["args"]))
+    assert args.command == "node"
+    # The port the manifest names is the one gas node serves its metrics on.
+    (port,) = agent["ports"]
+    assert (port["name"], port["containerPort"]) == ("metrics", args.metrics_port)

@@ -221,10 +221,17 @@ class KubeletDouble:
         for key, value in capacity.items():
             if key.startswith(PREFIX) and key not in plugin_resources:
                 allocatable[key] = value
+        # As the kubelet does, an extended resource gone from capacity leaves allocatable.
+        gone: dict[str, None] = {
+            key: None for key in allocatable if key.startswith(PREFIX) and key not in capacity
+        }
+        for key in gone:
+            del allocatable[key]
         if capacity != status.get("capacity") or allocatable != status.get("allocatable"):
             with contextlib.suppress(Exception):
                 self.api.patch_node(
-                    self.node, {"status": {"capacity": capacity, "allocatable": allocatable}}
+                    self.node,
+                    {"status": {"capacity": capacity, "allocatable": {**allocatable, **gone}}},
                 )
 
     # ------------------------------------------------------------ admission

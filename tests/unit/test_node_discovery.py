@@ -395,3 +395,35 @@ def test_a_discovery_failure_is_retried(tmp_path: Path, caplog: pytest.LogCaptur
     assert attempts == [0.0, 1.0, 3.0]
     assert "cannot discover the GPU cards: cannot read /sys/class/drm" in caplog.text
     assert watcher.cards is None
+
+
+def test_a_half_applied_change_is_undone_when_the_card_comes_back(tmp_path: Path) -> None:
+    """The callback took the unplug only in part (devices updated, the API write failed);
+    the card is back before the retry: the callback must hear of it, though the cards are
+    those it last accepted."""
+    cards = [FakeCard(0), FakeCard(1)]
+    sysfs = write_sysfs(tmp_path / "sys", cards)
+    timeline = Timeline(
+        [
+            (10.0, "remove card1", lambda: remove_card(sysfs, cards[1])),
+            (10.8, "add card1", lambda: add_card(sysfs, cards[1])),
+        ],
+        end=30,
+    )
+    applied: list[tuple[float, list[str]]] = []
+
+    def on_change(found: list[Card]) -> bool:
+        applied.append((timeline.now, names(found)))
+        return len(applied) != 2  # the unplug's API write fails
+
+    watcher = CardWatcher(
+        lambda: discover_sysfs(sysfs),
+        on_change,
+        timeline.next_event,
+        debounce=0.5,
+        resync=0,
+        clock=timeline.clock,
+    )
+    watcher.run(timeline.stop)
+    assert applied == [(0.0, ["card0", "card1"]), (10.5, ["card0"]), (11.3, ["card0", "card1"])]
+    assert watcher.cards == discover_sysfs(sysfs)

@@ -14,7 +14,11 @@ numeric order. Memory resources are shown in binary units (`5Gi`), others as int
 Problems (exit status 1): a card given out beyond its capacity or held on a card the node
 does not list (gas never does either; seeing one means drift or a hand-made annotation),
 a `gas-container-cards` or `gas-container-tiles` annotation that cannot be read (gas then
-counts the cards it names, or the whole node, as full), and drift from `--extender`.
+counts the cards it names, or the whole node, as full), drift from `--extender`, and node
+drift: a container the node side handed other cards (`gas-node-cards`, written by `gas
+node`) than gas decided (`gas-container-cards`), or an unreadable `gas-node-cards`. Once a
+node side reports, the table gets a HANDED-OUT column beside PODS (gas's decision) and the
+STATUS `drift` on each card a hand-out and the decision disagree on.
 Warnings (shown, exit status unchanged): a GPU node whose labels or allocatable cannot be
 read (gas sends it no GPU pod), and a bound GPU pod without gas's annotation (not
 accounted by gas: it was scheduled around the extender).
@@ -38,7 +42,9 @@ or `--node` names no node.
               "blocked": false,       # counted as full by gas (see blocked_by)
               "resources": {"i915": {"allocated": 1, "capacity": 1}, ...},
               "pods": ["default/train"],
-              "blocked_by": []        # pods whose unreadable annotation names this card
+              "blocked_by": [],       # pods whose unreadable annotation names this card
+              "handed_out": ["default/train"],  # pods the node side gave this card to
+              "node_drift": []        # pods whose hand-out and gas's decision differ here
             }
           ]
         }
@@ -49,7 +55,7 @@ or `--node` names no node.
         "resources": {"i915": {"allocated": 4, "capacity": 7}, ...}
       },
       "problems": [                   # each: kind, node, card, pod (null when n/a), message
-        {"kind": "over_capacity" | "annotation" | "drift", ...}
+        {"kind": "over_capacity" | "annotation" | "drift" | "node_drift", ...}
       ],
       "warnings": [{"kind": "node" | "unaccounted", ...}],
       "drift": null,                  # without --extender; else {"url": ..., "differences": [...]}
@@ -61,7 +67,8 @@ or `--node` names no node.
 
 Resource names drop the `gpu.intel.com/` prefix: `i915`, `memory.max`, `millicores`, ...
 
-Modules: `report` (the allocation report, pure), `render` (table and JSON), `read` (the
+Modules: `report` (the allocation report, pure), `handout` (what the node side handed out
+next to gas's decision, pure), `render` (table and JSON), `read` (the
 cluster and a running gas's ledger), `command` (`gas inspect`, `kubectl_main` for
 `kubectl gas`). Nothing is imported here: `gas` loads `command` to build its parser.
 """

@@ -10,11 +10,14 @@ from gas.tools.inspector.report import AllocationReport, format_amount, resource
 
 def render_table(report: AllocationReport) -> str:
     resources = report.resources
-    rows = [["NODE", "CARD", "STATUS", *resources, "PODS"]]
+    # What the node side handed out, beside gas's decision (PODS), once a node reports it.
+    handouts = report.handouts_seen
+    rows = [["NODE", "CARD", "STATUS", *resources, "PODS", *(["HANDED-OUT"] if handouts else [])]]
     for node in report.nodes:
         if not node.cards:
             status = "unusable" if node.problem else "no cards"
             rows.append([node.name, "-", status, *["-"] * len(resources), ""])
+            rows[-1] += [""] if handouts else []
         for card in node.cards:
             flags = []
             if card.over_capacity:
@@ -23,6 +26,8 @@ def render_table(report: AllocationReport) -> str:
                 flags.append("unknown")
             if card.blocked_by or node.blocked_by:
                 flags.append("blocked")
+            if card.node_drift:
+                flags.append("drift")
             cells = [node.name, card.name, ",".join(flags) or "ok"]
             for res in resources:
                 pair = card.resources.get(res)
@@ -32,6 +37,8 @@ def render_table(report: AllocationReport) -> str:
             blockers = sorted({*card.blocked_by, *node.blocked_by})
             names = card.pods + [f"{b} (unreadable)" for b in blockers if b not in card.pods]
             cells.append(", ".join(names))
+            if handouts:
+                cells.append(", ".join(card.handed_out))
             rows.append(cells)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     lines = [
@@ -115,6 +122,8 @@ def report_json(report: AllocationReport) -> dict[str, Any]:
                         "resources": amounts(card.resources),
                         "pods": card.pods,
                         "blocked_by": card.blocked_by,
+                        "handed_out": card.handed_out,
+                        "node_drift": card.node_drift,
                     }
                     for card in node.cards
                 ],

@@ -35,6 +35,10 @@ class CardView:
     """Short resource name -> (allocated, capacity)."""
     pods: list[str] = field(default_factory=list)
     blocked_by: list[str] = field(default_factory=list)
+    handed_out: list[str] = field(default_factory=list)
+    """Pods the node side handed this card to (`gas-node-cards`)."""
+    node_drift: list[str] = field(default_factory=list)
+    """Pods whose hand-out and gas's decision disagree on this card."""
 
     @property
     def over_capacity(self) -> bool:
@@ -112,6 +116,11 @@ class AllocationReport:
     def failed(self) -> bool:
         return bool(self.problems or self.drift)
 
+    @property
+    def handouts_seen(self) -> bool:
+        """Whether any card shown was handed out by a node side that reports it."""
+        return any(card.handed_out or card.node_drift for n in self.nodes for card in n.cards)
+
 
 def build_report(
     nodes: Sequence[Mapping[str, Any]],
@@ -123,6 +132,7 @@ def build_report(
     # Imported when used: `gas` imports this module to build its parser on every start.
     from gas.core.holdings import observe_pod
     from gas.tools.audit import usage_from_pods
+    from gas.tools.inspector.handout import compare_pods
 
     gpus = {gpu.name: gpu for gpu in map(node_from_object, nodes)}
     gpu_like = {_name(obj) for obj in nodes if _looks_like_gpu_node(obj)}
@@ -177,10 +187,12 @@ def build_report(
                 )
             )
 
+    handouts = compare_pods(list(pods))
+    problems.extend(handouts.findings)
     if only_node is not None:
         shown = {only_node}
     else:
-        shown = gpu_like | set(usage) | set(holders) | set(node_blockers)
+        shown = gpu_like | set(usage) | set(holders) | set(node_blockers) | set(handouts.handed)
         shown |= {name for name, gpu in gpus.items() if gpu.cards}
     views = []
     for name in sorted(shown):
@@ -192,6 +204,7 @@ def build_report(
             card_blockers.get(name, {}),
             node_blockers.get(name, []),
         )
+        _add_handouts(view, handouts.handed.get(name, {}), handouts.drifting.get(name, {}))
         views.append(view)
         if gpu.problem is not None and gpu.problem != NODE_MISSING:
             warnings.append(AllocationFinding("node", f"{name}: {gpu.problem}", node=name))
@@ -239,6 +252,20 @@ def _node_view(
         card_view.blocked_by = sorted(blockers.get(card, []))
         view.cards.append(card_view)
     return view
+
+
+def _add_handouts(
+    view: NodeView, handed: Mapping[str, list[str]], drifting: Mapping[str, list[str]]
+) -> None:
+    """Each card's hand-outs; a card only the node side names gets a row of its own."""
+    rows = {card.name: card for card in view.cards}
+    for name in set(handed) | set(drifting):
+        if name not in rows:
+            rows[name] = CardView(name, listed=False)
+    for name, card in rows.items():
+        card.handed_out = sorted(handed.get(name, []))
+        card.node_drift = sorted(drifting.get(name, []))
+    view.cards = [rows[name] for name in sort_cards(rows)]
 
 
 def _capacity_findings(view: NodeView) -> list[AllocationFinding]:
