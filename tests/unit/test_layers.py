@@ -94,3 +94,26 @@ def test_the_check_sees_a_wrong_import(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from gas.serving import tls\n")
     assert _layer_of(next(iter(_imports(bad)))) == "serving"
+
+
+# Past these a module or function stops being something a reader takes in at once.
+MODULE_LINES = 750
+FUNCTION_LINES = 120
+
+
+def _source_files() -> list[Path]:
+    return [p for p in GAS.rglob("*.py") if not p.name.endswith(("_pb2.py", "_pb2_grpc.py"))]
+
+
+def test_no_module_or_function_is_too_long_to_read() -> None:
+    long = []
+    for path in _source_files():
+        text = path.read_text()
+        if text.count("\n") > MODULE_LINES:
+            long.append(f"{path.relative_to(GAS.parent)}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                size = (node.end_lineno or node.lineno) - node.lineno + 1
+                if size > FUNCTION_LINES:
+                    long.append(f"{path.relative_to(GAS.parent)}:{node.lineno} {node.name}")
+    assert not long, "\n".join(long)
