@@ -38,6 +38,7 @@ from typing import Any
 
 import grpc
 
+from gas.core.quantity import parse_quantity
 from gas.node.api.deviceplugin.v1beta1 import api_pb2 as dp
 from gas.node.api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from gas.node.api.podresources.v1 import api_pb2 as pr
@@ -73,7 +74,8 @@ class Admission:
 def _limits(container: dict[str, Any]) -> dict[str, int]:
     resources = container.get("resources") or {}
     merged = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-    return {k: int(v) for k, v in merged.items() if k.startswith(PREFIX)}
+    # Quantities as the API server accepts them (`5Gi` for memory.max, `1` for devices).
+    return {k: parse_quantity(v) for k, v in merged.items() if k.startswith(PREFIX)}
 
 
 class KubeletDouble:

@@ -1,0 +1,29 @@
+"""The README's node demo (`./scripts/run-node-demo.sh`) runs and every container gets the
+cards gas chose."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_node_demo_gives_every_container_the_cards_gas_chose() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.support.node_demo"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.endswith((" yes", " NO"))]
+    containers = [line for line in rows if "/" in line.split()[0]]
+    assert len(containers) == 6 and all(line.endswith(" yes") for line in containers), rows
+    assert "scheduled too-big: unschedulable (waits)" in done.stdout
+    # The two-tile card's container gets both tiles in its mask.
+    (tiled,) = [line for line in containers if line.startswith("tiled/solver")]
+    assert tiled.split()[1:5] == ["gpu-node-2", "card0", "card0", "0,1"]
+    assert "HANDED-OUT" in done.stdout
