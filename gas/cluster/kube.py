@@ -39,8 +39,6 @@ BIND_TIMEOUT = (3.0, 8.0)
 """Connect and read timeouts of the Binding write: inside the scheduler's httpTimeout."""
 READ_TIMEOUT = (3.0, 5.0)
 """Connect and read timeouts of a pod read (a bind of a pod the filter did not keep)."""
-POD_PATH = "/api/v1/namespaces/{namespace}/pods/{name}"
-BINDING_PATH = POD_PATH + "/binding"
 PATCH_TIMEOUT = (3.0, 10.0)
 """Connect and read timeouts of a deschedule label patch (background work, retried)."""
 MERGE_PATCH = "application/merge-patch+json"
@@ -401,9 +399,7 @@ class KubeCluster:
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         where = f"reading pod {namespace}/{name}"
         try:
-            reply = self._api.request(
-                "GET", self._api.path(POD_PATH, namespace=namespace, name=name), None, READ_TIMEOUT
-            )
+            reply = self._api.read_namespaced_pod(name, namespace, READ_TIMEOUT)
         except Exception as exc:
             raise ClusterError(f"{where}: {exc}") from exc
         if reply.status == 404:
@@ -442,12 +438,7 @@ class KubeCluster:
         )
         where = f"binding {namespace}/{name} to {node}"
         try:
-            reply = self._api.request(
-                "POST",
-                self._api.path(BINDING_PATH, namespace=namespace, name=name),
-                body,
-                BIND_TIMEOUT,
-            )
+            reply = self._api.create_namespaced_pod_binding(name, namespace, body, BIND_TIMEOUT)
         except Exception as exc:
             raise BindUncertain(f"{where}: {exc}") from exc
         if reply.ok:

@@ -32,9 +32,16 @@ class Reply(NamedTuple):
         return 200 <= self.status < 300
 
 
+POD_PATH = "/api/v1/namespaces/{namespace}/pods/{name}"
+BINDING_PATH = POD_PATH + "/binding"
+
+
 class PreparedApi:
     """Prepared requests to the API server of `api_client`'s configuration. Thread-safe,
-    as its pool is."""
+    as its pool is.
+
+    The operations carry the names of the generated client's (`CoreV1Api`), so what gas
+    calls, and the RBAC rules it needs, read the same whichever way a call is made."""
 
     def __init__(self, api_client: client.ApiClient) -> None:
         self._configuration: Any = api_client.configuration
@@ -46,6 +53,21 @@ class PreparedApi:
             headers["Cookie"] = str(api_client.cookie)
         headers["Accept"] = "application/json"
         self._headers = headers
+
+    def read_namespaced_pod(self, name: str, namespace: str, timeout: tuple[float, float]) -> Reply:
+        """GET the pod (RBAC: `get` on pods)."""
+        return self.request(
+            "GET", self.path(POD_PATH, namespace=namespace, name=name), None, timeout
+        )
+
+    def create_namespaced_pod_binding(
+        self, name: str, namespace: str, body: bytes, timeout: tuple[float, float]
+    ) -> Reply:
+        """POST a Binding, JSON-encoded, to the pod's `binding` subresource (RBAC: `create`
+        on pods/binding)."""
+        return self.request(
+            "POST", self.path(BINDING_PATH, namespace=namespace, name=name), body, timeout
+        )
 
     def path(self, template: str, **params: str) -> str:
         """`template` with each `{name}` replaced by its parameter, percent-encoded as the
