@@ -11,6 +11,7 @@ setup(
         "flask>=3.0",
         "gunicorn>=22.0",
         "kubernetes>=29.0",
+        "orjson>=3.9",
         "cryptography>=42.0",
         "requests>=2.31",
         "pyyaml>=6.0",

@@ -114,6 +114,24 @@ def pod_object(
     return pod
 
 
+def queue_shapes(count: int = 64) -> list[Shape]:
+    """`count` distinct pod shapes, as a real queue holds: one to four cards, 1 to 16 GiB
+    and 50 to 1000 millicores per card, mixed so neighbours differ in every dimension.
+
+    More shapes than gas keeps answers for, so cycling through them measures a filter
+    that finds no kept answer for its shape."""
+    shapes: dict[tuple[int, int, int], Shape] = {}
+    index = 0
+    while len(shapes) < count:
+        cards = (1, 1, 2, 1, 3, 1, 2, 4)[index % 8]
+        memory_gi = 1 + (index * 5) % CARD_MEMORY_GI
+        millicores = 50 * (1 + (index * 7 + index // 16) % 20)
+        key = (cards, memory_gi, millicores)
+        shapes.setdefault(key, Shape(f"queue-{index}", cards, memory_gi, millicores, 1.0))
+        index += 1
+    return list(shapes.values())
+
+
 def pick_shape(rng: random.Random) -> Shape:
     return rng.choices(SHAPES, weights=[s.weight for s in SHAPES])[0]
 

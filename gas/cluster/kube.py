@@ -21,10 +21,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import orjson
 from kubernetes import client, config
 
 from gas.cluster.counters import SyncCounters
 from gas.cluster.deschedule import Descheduler, PatchRejected, PodGone
+from gas.cluster.prepared import PreparedApi
 from gas.cluster.protocol import BindRejected, BindUncertain, ClusterError
 from gas.core.holdings import observe_pod
 from gas.core.ledger import Ledger
@@ -36,6 +38,8 @@ WATCH_SECONDS = 300
 """Server-side watch length; the watch is then resumed from the last resourceVersion."""
 BIND_TIMEOUT = (3.0, 8.0)
 """Connect and read timeouts of the Binding write: inside the scheduler's httpTimeout."""
+READ_TIMEOUT = (3.0, 5.0)
+"""Connect and read timeouts of a pod read (a bind of a pod the filter did not keep)."""
 PATCH_TIMEOUT = (3.0, 10.0)
 """Connect and read timeouts of a deschedule label patch (background work, retried)."""
 MERGE_PATCH = "application/merge-patch+json"
@@ -346,6 +350,7 @@ class KubeCluster:
         self._ledger = ledger
         self._metrics = metrics or SyncCounters()
         self._core = client.CoreV1Api(api_client)
+        self._api = PreparedApi(api_client)
         self._stop = threading.Event()
         self._events = _EventSender(self._post_event, self._stop)
         self._host = socket.gethostname()
@@ -393,46 +398,56 @@ class KubeCluster:
         return all(r.healthy for r in self._reflectors)
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        where = f"reading pod {namespace}/{name}"
         try:
-            response: Any = self._core.read_namespaced_pod(
-                name, namespace, _preload_content=False, _request_timeout=(3, 5)
-            )
-        except client.ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise ClusterError(f"reading pod {namespace}/{name}: {_api_message(exc)}") from exc
+            reply = self._api.read_namespaced_pod(name, namespace, READ_TIMEOUT)
         except Exception as exc:
-            raise ClusterError(f"reading pod {namespace}/{name}: {exc}") from exc
-        pod: dict[str, Any] = json.loads(response.data)
+            raise ClusterError(f"{where}: {exc}") from exc
+        if reply.status == 404:
+            return None
+        if not reply.ok:
+            raise ClusterError(
+                f"{where}: {_status_message(reply.status, reply.reason, reply.data)}"
+            )
+        try:
+            pod = orjson.loads(reply.data)
+        except orjson.JSONDecodeError as exc:
+            raise ClusterError(f"{where}: the API server answered no JSON: {exc}") from exc
+        if not isinstance(pod, dict):
+            raise ClusterError(f"{where}: the API server answered no object")
         return pod
 
     def bind(self, pod: Mapping[str, Any], node: str, annotations: Mapping[str, str]) -> None:
+        # Prepared JSON over the client's kept-alive pool, no model: gas/cluster/prepared.py.
         metadata = pod.get("metadata") or {}
         name, namespace = str(metadata.get("name")), str(metadata.get("namespace"))
-        body: Any = client.V1Binding.from_dict(
+        binding_meta: dict[str, Any] = {
+            "name": name,
+            "namespace": namespace,
+            "annotations": dict(annotations),
+        }
+        uid = metadata.get("uid")
+        if uid:
+            binding_meta["uid"] = uid  # a precondition: never bind a namesake
+        body = orjson.dumps(
             {
                 "apiVersion": "v1",
                 "kind": "Binding",
-                "metadata": {
-                    "name": name,
-                    "namespace": namespace,
-                    "uid": metadata.get("uid"),
-                    "annotations": dict(annotations),
-                },
+                "metadata": binding_meta,
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node},
             }
         )
+        where = f"binding {namespace}/{name} to {node}"
         try:
-            self._core.create_namespaced_pod_binding(
-                name, namespace, body, _preload_content=False, _request_timeout=BIND_TIMEOUT
-            )
-        except client.ApiException as exc:
-            message = f"binding {namespace}/{name} to {node}: {_api_message(exc)}"
-            if exc.status is not None and 400 <= exc.status < 500 and exc.status != 429:
-                raise BindRejected(message) from exc
-            raise BindUncertain(message) from exc
+            reply = self._api.create_namespaced_pod_binding(name, namespace, body, BIND_TIMEOUT)
         except Exception as exc:
-            raise BindUncertain(f"binding {namespace}/{name} to {node}: {exc}") from exc
+            raise BindUncertain(f"{where}: {exc}") from exc
+        if reply.ok:
+            return
+        message = f"{where}: {_status_message(reply.status, reply.reason, reply.data)}"
+        if 400 <= reply.status < 500 and reply.status != 429:
+            raise BindRejected(message)
+        raise BindUncertain(message)
 
     def record_event(
         self, pod: Mapping[str, Any], event_type: str, reason: str, message: str
@@ -539,10 +554,16 @@ class KubeCluster:
 
 
 def _api_message(exc: client.ApiException) -> str:
+    return _status_message(exc.status, exc.reason, exc.body)
+
+
+def _status_message(status: int | None, reason: str | None, body: str | bytes | None) -> str:
+    """The API server's own words for a failed request: its Status message when the body
+    holds one, else the HTTP status and reason."""
     try:
-        status = json.loads(exc.body or "")
-        if isinstance(status, dict) and status.get("message"):
-            return f"{exc.status} {status['message']}"
+        decoded = json.loads(body or "")
+        if isinstance(decoded, dict) and decoded.get("message"):
+            return f"{status} {decoded['message']}"
     except ValueError:
         pass
-    return f"{exc.status} {exc.reason}"
+    return f"{status} {reason}"

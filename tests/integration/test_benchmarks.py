@@ -49,15 +49,21 @@ def test_quick_run_prints_every_table(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     found = tables(done.stdout)
     headers = [table[0] for table in found]
-    assert [h[:2] for h in headers] == [
-        ["nodes", "cards"],
-        ["nodes", "pods"],
-        ["observe_pod s", "replace_pods s"],
+    assert [h[:3] for h in headers] == [
+        ["nodes", "cards", "pods"],
+        ["nodes", "occupancy", "1-shape p50 ms"],
+        ["nodes", "pods", "binds"],
+        ["nodes", "pods", "ready s"],
+        ["observe_pod s", "replace_pods s", "total s"],
     ], done.stdout
 
-    http = found[0]
+    http, workloads, api = found[:3]
     assert "filter p99 ms" in http[0] and "bind p99 ms" in http[0] and "bind/s" in http[0]
-    assert len(http) == 2  # the one quick scenario
+    assert len(http) == len(workloads) == len(api) == 2  # the one quick scenario
+    for column in ("64-shape p99 ms", "interleaved filter p99 ms", "lone bind CPU ms"):
+        assert column in workloads[0]
+    for column in ("cold bind p99 ms", "CPU ms/bind", "writes/bind", "Events/bind"):
+        assert column in api[0]
     for table in found:
         for row in table[1:]:
             assert len(row) == len(table[0]), row
@@ -66,8 +72,27 @@ def test_quick_run_prints_every_table(tmp_path: Path) -> None:
     assert "calls/s" in done.stdout
 
     report = json.loads(figures.read_text())
-    assert set(report) >= {"scenarios", "production_memory", "rebuild", "allocator_calls_per_s"}
+    assert set(report) >= {
+        "scenarios",
+        "api_binds",
+        "production_memory",
+        "rebuild",
+        "allocator_calls_per_s",
+    }
     scenario = report["scenarios"][0]
     assert scenario["nodes"] == 50
     assert scenario["filter_p99_ms"] >= scenario["filter_p50_ms"] > 0
+    for workload in ("one_shape_filter", "many_shape_filter", "interleaved_filter"):
+        assert scenario[f"{workload}_p99_ms"] >= scenario[f"{workload}_p50_ms"] > 0
+    assert scenario["many_shapes"] == 64
+    # CPU is read in clock ticks: a smoke-sized window may show none.
+    assert scenario["one_shape_filter_cpu_ms"] >= 0
+    binds = report["api_binds"][0]
+    assert binds["nodes"] == 50 and binds["binds"] == binds["cold_binds"] == 20
+    assert binds["errors"] == 0
+    assert binds["bind_p99_ms"] >= binds["bind_p50_ms"] > 0
+    assert binds["cold_bind_p99_ms"] >= binds["cold_bind_p50_ms"] > 0
+    # Counted at the API server: each bind wrote exactly one Binding.
+    assert binds["bindings_per_bind"] == 1
+    assert binds["writes_per_bind"] >= 1
     assert report["rebuild"]["pods"] > 0

@@ -1,0 +1,241 @@
+"""The bind path's prepared requests (gas/cluster/prepared.py) against real servers: the
+Binding is one POST that the API server applies, errors map to rejected or uncertain as
+the generated client's did, pod reads answer None only for 404, and the requests carry
+the configuration's credentials (refreshed tokens, client certificate) over its TLS
+settings on kept-alive connections.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from kubernetes import client
+
+from gas.cluster.kube import KubeCluster, load_api_client
+from gas.cluster.protocol import BindRejected, BindUncertain, ClusterError
+from gas.core.ledger import Ledger
+from tests.support.apiserver import ApiServerDouble
+from tests.support.gasproc import TLSFiles
+
+ANNOTATIONS = {"gas-ts": "1", "gas-container-cards": "card0"}
+
+
+def pending_pod(name: str = "p", uid: str = "uid-p") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "default", "uid": uid},
+        "spec": {"containers": [{"name": "app", "image": "app:1"}]},
+    }
+
+
+@pytest.fixture
+def cluster(apiserver: ApiServerDouble, kubeconfig: str) -> Iterator[KubeCluster]:
+    apiserver.add_node({"metadata": {"name": "n1"}})
+    api_client = load_api_client(kubeconfig)
+    yield KubeCluster(Ledger(), api_client)
+    api_client.close()
+
+
+def test_bind_is_one_post_the_api_server_applies(
+    apiserver: ApiServerDouble, cluster: KubeCluster
+) -> None:
+    apiserver.add_pod(pending_pod())
+    apiserver.clear_requests()
+    cluster.bind(pending_pod(), "n1", ANNOTATIONS)
+    assert apiserver.requests == [("POST", "/api/v1/namespaces/default/pods/p/binding")]
+    bound = apiserver.get_pod("default", "p")
+    assert bound is not None
+    assert bound["spec"]["nodeName"] == "n1"
+    assert bound["metadata"]["annotations"] == ANNOTATIONS
+
+
+@pytest.mark.parametrize(
+    ("fault", "error", "words"),
+    [
+        (("status", 429), BindUncertain, "429 the server has received too many requests"),
+        (("status", 500), BindUncertain, "500 Internal error occurred: injected fault"),
+        (("status", 503), BindUncertain, "503 the server is currently unable"),
+        (("status", 403), BindRejected, "403 "),
+        (("close", None), BindUncertain, "binding default/p to n1: "),
+    ],
+)
+def test_bind_failures_are_rejected_or_uncertain(
+    apiserver: ApiServerDouble,
+    cluster: KubeCluster,
+    fault: tuple[str, float | None],
+    error: type[Exception],
+    words: str,
+) -> None:
+    apiserver.add_pod(pending_pod())
+    apiserver.faults.add("POST", "/binding$", fault)
+    with pytest.raises(error) as raised:
+        cluster.bind(pending_pod(), "n1", ANNOTATIONS)
+    assert str(raised.value).startswith("binding default/p to n1: ")
+    assert words in str(raised.value)
+    pod = apiserver.get_pod("default", "p")
+    assert pod is not None and not pod["spec"].get("nodeName")
+
+
+def test_bind_refusals_carry_the_api_servers_reason(
+    apiserver: ApiServerDouble, cluster: KubeCluster
+) -> None:
+    with pytest.raises(BindRejected, match='404 pods "ghost" not found'):
+        cluster.bind(pending_pod("ghost"), "n1", ANNOTATIONS)
+    apiserver.add_pod(pending_pod())
+    # A namesake: the UID in the Binding is a precondition.
+    with pytest.raises(BindRejected, match=r"409 .*UID"):
+        cluster.bind(pending_pod(uid="uid-other"), "n1", ANNOTATIONS)
+    cluster.bind(pending_pod(), "n1", ANNOTATIONS)
+    with pytest.raises(BindRejected, match=r'409 .*already assigned to node "n1"'):
+        cluster.bind(pending_pod(), "n1", ANNOTATIONS)
+
+
+def test_get_pod_answers_none_only_when_the_pod_is_gone(
+    apiserver: ApiServerDouble, cluster: KubeCluster
+) -> None:
+    apiserver.add_pod(pending_pod())
+    pod = cluster.get_pod("default", "p")
+    assert pod is not None and pod["metadata"]["uid"] == "uid-p"
+    assert cluster.get_pod("default", "ghost") is None
+    apiserver.faults.add("GET", "/pods/p$", ("status", 500))
+    with pytest.raises(ClusterError, match="reading pod default/p: 500 Internal error"):
+        cluster.get_pod("default", "p")
+    # Every time: urllib3 retries a read whose connection broke.
+    apiserver.faults.add("GET", "/pods/p$", ("close", None), times=None)
+    with pytest.raises(ClusterError, match="reading pod default/p: "):
+        cluster.get_pod("default", "p")
+
+
+def test_names_are_percent_encoded_in_the_path(
+    apiserver: ApiServerDouble, cluster: KubeCluster
+) -> None:
+    # Names come from the scheduler's request: one holding a slash must not reach
+    # another resource.
+    with pytest.raises(BindRejected):
+        cluster.bind(pending_pod("a/b"), "n1", ANNOTATIONS)
+    assert ("POST", "/api/v1/namespaces/default/pods/a%2Fb/binding") in apiserver.requests
+
+
+# ------------------------------------------------------------ credentials and TLS
+
+
+@dataclass
+class Seen:
+    requests: list[tuple[str, str, dict[str, str], bytes]] = field(default_factory=list)
+    client_names: list[str] = field(default_factory=list)
+    connections: int = 0
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    """Records each request and answers as the API server does on success."""
+
+    protocol_version = "HTTP/1.1"  # kept-alive connections, as the API server's
+    seen: Seen
+
+    def setup(self) -> None:
+        super().setup()
+        self.seen.connections += 1
+        peer = cast(ssl.SSLSocket, self.connection).getpeercert() or {}
+        subject = cast(tuple[tuple[tuple[str, str], ...], ...], peer.get("subject", ()))
+        for rdn in subject:
+            self.seen.client_names += [value for key, value in rdn if key == "commonName"]
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _headers(self) -> dict[str, str]:
+        return {key.lower(): value for key, value in self.headers.items()}
+
+    def _answer(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.seen.requests.append(("POST", self.path, self._headers(), body))
+        self._answer(201, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+
+    def do_GET(self) -> None:
+        self.seen.requests.append(("GET", self.path, self._headers(), b""))
+        self._answer(200, pending_pod())
+
+
+@pytest.fixture
+def recorder(tls_files: TLSFiles) -> Iterator[tuple[int, Seen]]:
+    """An HTTPS server that requires a client certificate from the test CA."""
+    seen = Seen()
+    handler = type("Recorder", (_Recorder,), {"seen": seen})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tls_files.server_cert, tls_files.server_key)
+    context.load_verify_locations(tls_files.ca)
+    context.verify_mode = ssl.CERT_REQUIRED
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1], seen
+    server.shutdown()
+    server.server_close()
+
+
+def test_requests_carry_refreshed_tokens_and_the_client_certificate(
+    recorder: tuple[int, Seen], tls_files: TLSFiles, tmp_path: Path
+) -> None:
+    port, seen = recorder
+    configuration = client.Configuration()
+    configuration.host = f"https://127.0.0.1:{port}"
+    configuration.ssl_ca_cert = tls_files.ca
+    configuration.cert_file = tls_files.client_cert
+    configuration.key_file = tls_files.client_key
+    configuration.api_key["BearerToken"] = "token-0"
+    configuration.api_key_prefix["BearerToken"] = "Bearer"
+    rotations = iter(range(1, 100))
+
+    def refresh(config: Any) -> None:
+        # As the exec-plugin and service-account loaders do: a new token when it expires.
+        config.api_key["BearerToken"] = f"token-{next(rotations)}"
+
+    cast(Any, configuration).refresh_api_key_hook = refresh
+    api_client = client.ApiClient(configuration)
+    try:
+        cluster = KubeCluster(Ledger(), api_client)
+        cluster.bind(pending_pod(), "n1", ANNOTATIONS)
+        assert cluster.get_pod("default", "p") == pending_pod()
+        cluster.bind(pending_pod("q", "uid-q"), "n2", ANNOTATIONS)
+    finally:
+        api_client.close()
+
+    assert [(m, p) for m, p, _, _ in seen.requests] == [
+        ("POST", "/api/v1/namespaces/default/pods/p/binding"),
+        ("GET", "/api/v1/namespaces/default/pods/p"),
+        ("POST", "/api/v1/namespaces/default/pods/q/binding"),
+    ]
+    tokens = [headers["authorization"] for _, _, headers, _ in seen.requests]
+    assert tokens == ["Bearer token-1", "Bearer token-2", "Bearer token-3"]
+    assert seen.connections == 1  # one TLS handshake: the pool kept the connection
+    assert seen.client_names == ["kube-scheduler"]
+    _, _, headers, body = seen.requests[0]
+    assert headers["content-type"] == "application/json"
+    assert headers["user-agent"] == api_client.user_agent
+    assert json.loads(body) == {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {
+            "name": "p",
+            "namespace": "default",
+            "uid": "uid-p",
+            "annotations": ANNOTATIONS,
+        },
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"},
+    }
