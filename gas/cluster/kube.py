@@ -503,10 +503,11 @@ class KubeCluster:
         response.release_conn()
 
     def _post_event(self, namespace: str, event: dict[str, Any]) -> None:
-        body: Any = client.CoreV1Event.from_dict(event)
-        self._core.create_namespaced_event(
-            namespace, body, _preload_content=False, _request_timeout=(3, 5)
-        )
+        # Prepared JSON on the kept-alive pool, as the Binding: the reply is read whole, so
+        # the connection goes back to the pool.
+        reply = self._api.create_namespaced_event(namespace, orjson.dumps(event), (3, 5))
+        if not reply.ok:
+            raise ClusterError(f"event not created: {reply.status} {reply.reason}")
 
     # ------------------------------------------------------------ watch callbacks
 

@@ -34,6 +34,7 @@ class Reply(NamedTuple):
 
 POD_PATH = "/api/v1/namespaces/{namespace}/pods/{name}"
 BINDING_PATH = POD_PATH + "/binding"
+EVENTS_PATH = "/api/v1/namespaces/{namespace}/events"
 
 
 class PreparedApi:
@@ -68,6 +69,12 @@ class PreparedApi:
         return self.request(
             "POST", self.path(BINDING_PATH, namespace=namespace, name=name), body, timeout
         )
+
+    def create_namespaced_event(
+        self, namespace: str, body: bytes, timeout: tuple[float, float]
+    ) -> Reply:
+        """POST a core/v1 Event, JSON-encoded (RBAC: `create` on events)."""
+        return self.request("POST", self.path(EVENTS_PATH, namespace=namespace), body, timeout)
 
     def path(self, template: str, **params: str) -> str:
         """`template` with each `{name}` replaced by its parameter, percent-encoded as the
