@@ -197,13 +197,15 @@ def test_order_batches_deletion_and_restarts(
     assert "p3" not in {a.name for a in rig.kubelet.admissions.values()}
     assert any(len(batch) >= 7 for batch in rig.kubelet.batches)
 
-    # a kubelet restart while pods are being bound: they wait for the plugin to register
+    # pods bound, then the kubelet restarts before admitting them (its i915 capacity is 0
+    # until the plugin registers again): they are admitted once it has
     rig.kubelet.paused.set()
-    rig.kubelet.restart()
     more = [f"q{i}" for i in range(4)]
     for name in more:
         apiserver.add_pod(gpu_pod(name, container("c", i915="1", millicores="100")))
     bind_all(scheduler, apiserver, more)
+    rig.kubelet.restart()
+    assert rig.kubelet.devices("gpu.intel.com/i915") == {}
     rig.wait_registered()
     rig.kubelet.paused.clear()
     # the agent killed and started again between pods bound and admitted

@@ -1,24 +1,38 @@
 """A kubelet double for the device-plugin side of `gas node`, over real gRPC on unix sockets.
 
 What it copies from the kubelet (v1.28, `pkg/kubelet/cm/devicemanager`, `HandlePodAdditions`,
-`pkg/kubelet/apis/podresources`):
-- serves `v1beta1.Registration` on `<plugin dir>/kubelet.sock`; on `Register` it dials the
-  plugin's socket and follows its `ListAndWatch` stream (healthy IDs are what it gives out);
+`pkg/kubelet/apis/podresources`), as strictly as the tests can bear:
+- serves `v1beta1.Registration` on `<plugin dir>/kubelet.sock`; `Register` dials the
+  plugin's socket (blocking, 10 s) and asks `GetDevicePluginOptions` before it answers, so a
+  plugin not serving yet fails to register; the options used are that answer's, not the
+  request's; then it follows the plugin's `ListAndWatch` stream (healthy IDs are what it
+  gives out);
+- when a `ListAndWatch` stream ends, the client registered for that resource *now* is
+  disconnected and every device of the resource turns unhealthy: 1.28's `runClient` does
+  that even when the plugin has registered again meanwhile;
 - receives the pods bound to its node in batches, sorts each batch by
   `metadata.creationTimestamp` (ties in no set order, as Go's sort.Sort over pods whose
   order came from a map), and admits them one at a time; a pod is added to the pods it
   knows just before its admission;
-- admission allocates container by container (init containers first, then
-  `spec.containers` in order), for each device-plugin resource in the limits: available =
-  healthy IDs not allocated to anyone; `GetPreferredAllocation(available, [], size)` when
-  the plugin offers it; the preferred IDs that are available first, the rest from the
-  available ones in no set order; then `Allocate` of those IDs. Any failure rejects the
-  pod (phase Failed, reason UnexpectedAdmissionError) and frees what it got;
-- serves `v1.PodResourcesLister/List` on its pod-resources socket: every pod it knows, each
-  container with the device IDs it holds (pods with none are listed too);
-- forgets a pod's devices once the pod is gone from the API server;
+- admission runs the admit handlers in the kubelet's order: a pod marked with `reject()`
+  is refused before its devices (eviction, sysctls), between two containers (the CPU
+  manager) or after them (resources fit, node affinity), with the reason given;
+- devices are allocated container by container (init containers first, then
+  `spec.containers` in order), for each device-plugin resource in the limits, as
+  `devicesToAllocate` does: a container that holds devices already gets no call; devices of
+  init containers are reused by the app containers after them; available = healthy IDs not
+  allocated to anyone; `GetPreferredAllocation(available + reused, reused, size)` only
+  when more devices are available than needed (with exactly as many, the kubelet takes
+  them all without asking); the preferred IDs that are available first, the rest from the
+  available ones in no set order; then `Allocate` of those IDs in no set order. Any
+  failure rejects the pod (phase Failed, reason UnexpectedAdmissionError) and frees what
+  it got;
+- serves `v1.PodResourcesLister/List` on its pod-resources socket: every pod it knows
+  (admitted or refused), each app container with the device IDs it holds, or none;
+- frees a pod's devices once the pod is gone from the API server or has finished;
 - `restart()` deletes every socket in the plugin dir, as a starting kubelet does, and
-  serves a fresh `kubelet.sock`; allocations survive (its checkpoint).
+  serves a fresh `kubelet.sock`; allocations survive (its checkpoint), and a resource
+  known from before has no devices until its plugin registers again.
 It also keeps the node's status as the kubelet's status sync does: a device-plugin
 resource's capacity is its device count and its allocatable the healthy ones; other
 extended resources in capacity are copied to allocatable.
@@ -46,6 +60,13 @@ from gas.node.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from tests.support.apiserver import ApiServerDouble
 
 PREFIX = "gpu.intel.com/"
+DIAL_TIMEOUT = 10.0
+RPC_TIMEOUT = 30.0
+"""The kubelet sets none; a test must not hang on a stuck plugin."""
+TERMINAL_PHASES = ("Succeeded", "Failed")
+AFTER_DEVICES = -1
+"""`reject(..., before_container=AFTER_DEVICES)`: refused once every container has its
+devices, as by the predicate admit handler (resources fit, node affinity, ports)."""
 
 
 @dataclass
@@ -54,6 +75,7 @@ class _Endpoint:
     channel: grpc.Channel
     stub: dp_grpc.DevicePluginStub
     options: dp.DevicePluginOptions
+    incarnation: int
     devices: dict[str, bool] = field(default_factory=dict)  # id -> healthy
     lists: int = 0
     connected: bool = True
@@ -67,8 +89,18 @@ class Admission:
     namespace: str
     name: str
     error: str = ""
+    reason: str = ""
     # container name -> resource -> the plugin's ContainerAllocateResponse
     responses: dict[str, dict[str, dp.ContainerAllocateResponse]] = field(default_factory=dict)
+    preferred_calls: int = 0
+
+
+class Refused(Exception):
+    """An admit handler other than the device manager's refused the pod."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def _limits(container: dict[str, Any]) -> dict[str, int]:
@@ -102,12 +134,15 @@ class KubeletDouble:
         self._admit_lock = threading.Lock()
         self._endpoints: dict[str, _Endpoint] = {}
         self._resources: set[str] = set()  # every resource ever registered (checkpoint)
+        self._incarnation = 0
         self._known: dict[str, dict[str, Any]] = {}  # uid -> pod (the pod manager)
         # uid -> container -> resource -> device IDs (podDevices, the checkpoint)
         self._allocated: dict[str, dict[str, dict[str, list[str]]]] = {}
+        self._rejects: dict[str, tuple[int, str, str]] = {}  # name -> (before, reason, text)
         self.admissions: dict[str, Admission] = {}
         self.batches: list[list[str]] = []
         self.registrations: list[tuple[str, str]] = []  # (resource, endpoint)
+        self.disconnects: list[str] = []  # resources whose client was disconnected
         self._registration: grpc.Server | None = None
         self._pod_resources: grpc.Server | None = None
         self._stop = threading.Event()
@@ -148,11 +183,13 @@ class KubeletDouble:
 
     def restart(self) -> None:
         """As a kubelet restart: every socket in the plugin dir goes, plugins must register
-        again; what was allocated stays (the checkpoint)."""
+        again; what was allocated stays (the checkpoint), and a resource known from before
+        has no devices until its plugin registers again."""
         with self._admit_lock:
             if self._registration is not None:
                 self._registration.stop(grace=None).wait(5)
             with self._lock:
+                self._incarnation += 1  # the old process's goroutines are gone with it
                 for endpoint in self._endpoints.values():
                     endpoint.channel.close()
                 self._endpoints.clear()
@@ -160,24 +197,34 @@ class KubeletDouble:
                 if entry.is_socket():
                     entry.unlink()
             self._serve_registration()
+        self._sync_node_status()
 
     # ------------------------------------------------------------ registration
 
     def register(self, request: dp.RegisterRequest) -> None:
         if request.version != "v1beta1":
             raise ValueError(f"unsupported version {request.version}")
+        if "/" not in request.resource_name or request.resource_name.startswith("kubernetes.io/"):
+            raise ValueError(f"invalid name of device plugin socket: {request.resource_name}")
         path = self.plugin_dir / request.endpoint
         channel = grpc.insecure_channel(f"unix://{path}")
-        endpoint = _Endpoint(
-            request.resource_name, channel, dp_grpc.DevicePluginStub(channel), request.options
-        )
+        stub = dp_grpc.DevicePluginStub(channel)
+        try:
+            # dial with grpc.WithBlock, then PluginConnected asks the options
+            grpc.channel_ready_future(channel).result(timeout=DIAL_TIMEOUT)
+            options = stub.GetDevicePluginOptions(dp.Empty(), timeout=DIAL_TIMEOUT)
+        except (grpc.FutureTimeoutError, grpc.RpcError) as exc:
+            channel.close()
+            raise ConnectionError(f"failed to dial device plugin {path}: {exc!r}") from None
         with self._lock:
             old = self._endpoints.get(request.resource_name)
+            endpoint = _Endpoint(request.resource_name, channel, stub, options, self._incarnation)
+            if old is not None:  # the devices stay as they were until the plugin lists
+                endpoint.devices = dict(old.devices)
             self._endpoints[request.resource_name] = endpoint
             self._resources.add(request.resource_name)
             self.registrations.append((request.resource_name, request.endpoint))
-        if old is not None:
-            old.channel.close()
+        # The old client is not closed: its stream runs on until the plugin ends it.
         threading.Thread(
             target=self._list_and_watch, args=(endpoint,), name="list-and-watch", daemon=True
         ).start()
@@ -189,19 +236,48 @@ class KubeletDouble:
                     endpoint.devices = {d.ID: d.health == "Healthy" for d in response.devices}
                     endpoint.lists += 1
                 self._sync_node_status()
-        except grpc.RpcError:
+        except (grpc.RpcError, ValueError):
             pass
-        endpoint.connected = False
+        self._disconnect(endpoint)
+        self._sync_node_status()
+
+    def _disconnect(self, ended: _Endpoint) -> None:
+        """runClient after its stream ended: disconnect the client registered for the
+        resource now, whichever it is (1.28), and mark every device unhealthy."""
+        with self._lock:
+            current = self._endpoints.get(ended.resource)
+            if self._stop.is_set() or current is None:
+                return
+            if current.incarnation != ended.incarnation:
+                return
+            current.connected = False
+            current.devices = dict.fromkeys(current.devices, False)
+            self.disconnects.append(ended.resource)
+        current.channel.close()
+
+    def drop_stream(self, resource: str) -> None:
+        """Close the connection to the resource's plugin, as the kubelet's disconnect does."""
+        with self._lock:
+            endpoint = self._endpoints.get(resource)
+        if endpoint is not None:
+            endpoint.channel.close()
 
     def wait_registered(self, resource: str, devices: int, timeout: float = 20.0) -> None:
+        """Until the resource's plugin is connected and has listed `devices` healthy devices."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:
                 endpoint = self._endpoints.get(resource)
-                if endpoint is not None and len(endpoint.devices) == devices:
+                if (
+                    endpoint is not None
+                    and endpoint.connected
+                    and endpoint.lists > 0
+                    and len(endpoint.devices) == devices
+                    and all(endpoint.devices.values())
+                ):
                     return
             time.sleep(0.02)
-        raise TimeoutError(f"{resource} never registered with {devices} devices")
+        raise TimeoutError(f"{resource} never registered with {devices} healthy devices")
 
     def devices(self, resource: str) -> dict[str, bool]:
         with self._lock:
@@ -216,10 +292,12 @@ class KubeletDouble:
         capacity = dict(status.get("capacity") or {})
         allocatable = dict(status.get("allocatable") or {})
         with self._lock:
-            for resource, endpoint in self._endpoints.items():
-                capacity[resource] = str(len(endpoint.devices))
-                allocatable[resource] = str(sum(endpoint.devices.values()))
-            plugin_resources = set(self._endpoints)
+            for resource in self._resources:
+                endpoint = self._endpoints.get(resource)
+                found = endpoint.devices if endpoint is not None else {}
+                capacity[resource] = str(len(found))
+                allocatable[resource] = str(sum(found.values()))
+            plugin_resources = set(self._resources)
         for key, value in capacity.items():
             if key.startswith(PREFIX) and key not in plugin_resources:
                 allocatable[key] = value
@@ -237,6 +315,15 @@ class KubeletDouble:
                 )
 
     # ------------------------------------------------------------ admission
+
+    def reject(
+        self, name: str, reason: str = "OutOfcpu", before_container: int = 0, message: str = ""
+    ) -> None:
+        """Have an admit handler other than the device manager's refuse pod `name`: before
+        any device (0), before app container number `before_container` (the CPU manager
+        runs before the device manager for each container), or `AFTER_DEVICES`."""
+        text = message or f"Node didn't have enough resource: {reason}"
+        self._rejects[name] = (before_container, reason, text)
 
     def _run(self) -> None:
         last_status = 0.0
@@ -256,8 +343,7 @@ class KubeletDouble:
                 for p in self.api.list_pods()
                 if (p.get("spec") or {}).get("nodeName") == self.node
             ]
-            present = {p["metadata"]["uid"] for p in pods}
-            self._forget_gone(present)
+            self._forget_gone(pods)
             batch = [
                 p
                 for p in pods
@@ -267,12 +353,22 @@ class KubeletDouble:
             ]
             return self._admit_batch(batch)
 
-    def _forget_gone(self, present: set[str]) -> None:
+    def _forget_gone(self, pods: list[dict[str, Any]]) -> None:
+        """Pods deleted leave the pod manager; pods finished free their devices
+        (UpdateAllocatedDevices keeps only active pods' devices)."""
+        present = {p["metadata"]["uid"] for p in pods}
+        finished = {
+            p["metadata"]["uid"]
+            for p in pods
+            if (p.get("status") or {}).get("phase") in TERMINAL_PHASES
+        }
         with self._lock:
             for uid in list(self._known):
                 if uid not in present:
                     del self._known[uid]
-                    self._allocated.pop(uid, None)
+            for uid in list(self._allocated):
+                if uid not in present or uid in finished:
+                    del self._allocated[uid]
 
     def _admit_batch(self, batch: list[dict[str, Any]]) -> list[Admission]:
         if not batch:
@@ -291,86 +387,169 @@ class KubeletDouble:
         meta = pod["metadata"]
         result = Admission(meta["uid"], meta["namespace"], meta["name"])
         spec = pod.get("spec") or {}
+        inits = list(spec.get("initContainers") or [])
+        apps = list(spec.get("containers") or [])
+        before, reason, text = self._rejects.get(meta["name"], (len(apps) + 1, "", ""))
+        steps = [(c, True, None) for c in inits] + [(c, False, i) for i, c in enumerate(apps)]
+        reuse: dict[str, set[str]] = {}
         try:
-            for container in (spec.get("initContainers") or []) + (spec.get("containers") or []):
-                for resource, count in sorted(_limits(container).items()):
-                    with self._lock:
-                        endpoint = self._endpoints.get(resource)
-                        known = resource in self._resources
-                    if count <= 0 or (endpoint is None and not known):
-                        continue
-                    if endpoint is None:
-                        raise RuntimeError(f"cannot allocate unregistered device {resource}")
-                    response = self._allocate(meta["uid"], container["name"], endpoint, count)
-                    result.responses.setdefault(container["name"], {})[resource] = response
+            if before == 0:
+                raise Refused(reason, text)
+            for container, init, index in steps:
+                if index is not None and index == before:
+                    raise Refused(reason, text)
+                self._allocate_container(result, container, reuse, init)
+            if before == AFTER_DEVICES:
+                raise Refused(reason, text)
+        except Refused as exc:
+            result.error, result.reason = str(exc), exc.reason
         except Exception as exc:
-            result.error = str(exc)
+            result.error, result.reason = str(exc), "UnexpectedAdmissionError"
+        if result.error:
             with self._lock:
                 self._allocated.pop(meta["uid"], None)
         self.admissions[meta["uid"]] = result
         self._set_status(pod, result)
         return result
 
-    def _allocate(
-        self, uid: str, container: str, endpoint: _Endpoint, count: int
-    ) -> dp.ContainerAllocateResponse:
+    def _allocate_container(
+        self, result: Admission, container: dict[str, Any], reuse: dict[str, set[str]], init: bool
+    ) -> None:
+        """Manager.Allocate for one container: each device-plugin resource of its limits
+        (a Go map: in no set order); an init container's devices are then reusable by the
+        containers after it, an app container's are no longer."""
+        limits = list(_limits(container).items())
+        self.random.shuffle(limits)
+        name = container["name"]
+        for resource, count in limits:
+            with self._lock:
+                endpoint = self._endpoints.get(resource)
+                known = resource in self._resources
+            if not known:
+                continue  # not a device-plugin resource (memory.max, millicores, ...)
+            if endpoint is None:
+                raise RuntimeError(
+                    f"no healthy devices present; cannot allocate unhealthy devices {resource}"
+                )
+            response = self._allocate(result, name, endpoint, count, reuse.get(resource, set()))
+            if response is not None:
+                result.responses.setdefault(name, {})[resource] = response
         with self._lock:
-            used = {
+            held = {
+                r: set(ids) for r, ids in self._allocated.get(result.uid, {}).get(name, {}).items()
+            }
+        for resource, ids in held.items():
+            if init:
+                reuse.setdefault(resource, set()).update(ids)
+            else:
+                reuse.get(resource, set()).difference_update(ids)
+
+    def _devices_to_allocate(
+        self,
+        result: Admission,
+        container: str,
+        endpoint: _Endpoint,
+        required: int,
+        reusable: set[str],
+    ) -> list[str]:
+        """devicesToAllocate: [] when the container holds its devices already."""
+        resource = endpoint.resource
+        with self._lock:
+            previous = self._allocated.get(result.uid, {}).get(container, {}).get(resource)
+            healthy = {i for i, ok in endpoint.devices.items() if ok}
+            in_use = {
                 i
                 for containers in self._allocated.values()
                 for resources in containers.values()
-                for i in resources.get(endpoint.resource, [])
+                for i in resources.get(resource, [])
             }
-            available = [i for i, healthy in endpoint.devices.items() if healthy and i not in used]
-        if len(available) < count:
+        if previous is not None and len(previous) != required:
             raise RuntimeError(
-                f"requested number of devices unavailable for {endpoint.resource}. "
-                f"Requested: {count}, Available: {len(available)}"
+                f"pod {result.uid!r} container {container!r} changed request for resource "
+                f"{resource!r} from {len(previous)} to {required}"
             )
-        self.random.shuffle(available)  # Go's map order
-        chosen: list[str] = []
-        if endpoint.options.get_preferred_allocation_available:
+        if not healthy:
+            raise RuntimeError(
+                f"no healthy devices present; cannot allocate unhealthy devices {resource}"
+            )
+        if previous is not None:
+            if not healthy >= set(previous):
+                raise RuntimeError(
+                    "previously allocated devices are no longer healthy; cannot allocate "
+                    f"unhealthy devices {resource}"
+                )
+            return []
+        allocated = self._pick(sorted(reusable), required)
+        if len(allocated) == required:
+            return allocated
+        needed = required - len(allocated)
+        available = sorted(healthy - in_use - set(allocated))
+        if len(available) < needed:
+            raise RuntimeError(
+                f"requested number of devices unavailable for {resource}. "
+                f"Requested: {needed}, Available: {len(available)}"
+            )
+        if needed < len(available) and endpoint.options.get_preferred_allocation_available:
+            result.preferred_calls += 1
             preferred = endpoint.stub.GetPreferredAllocation(
                 dp.PreferredAllocationRequest(
                     container_requests=[
                         dp.ContainerPreferredAllocationRequest(
-                            available_deviceIDs=available, allocation_size=count
+                            available_deviceIDs=self._pick(available + allocated),
+                            must_include_deviceIDs=self._pick(allocated),
+                            allocation_size=required,
                         )
                     ]
                 ),
-                timeout=10,
+                timeout=RPC_TIMEOUT,
             )
-            offered = set(available)
             if preferred.container_responses:
-                ids = preferred.container_responses[0].deviceIDs
-                chosen = [i for i in ids if i in offered][:count]
-        chosen += [i for i in available if i not in chosen][: count - len(chosen)]
+                offered = set(available)
+                ids = {i for i in preferred.container_responses[0].deviceIDs if i in offered}
+                allocated += self._pick(sorted(ids), needed)
+        allocated += self._pick(sorted(set(available) - set(allocated)), required - len(allocated))
+        return allocated
+
+    def _pick(self, ids: list[str], count: int | None = None) -> list[str]:
+        """`count` of `ids` in no set order (a Go set's iteration)."""
+        ids = list(ids)
+        self.random.shuffle(ids)
+        return ids if count is None else ids[:count]
+
+    def _allocate(
+        self,
+        result: Admission,
+        container: str,
+        endpoint: _Endpoint,
+        count: int,
+        reusable: set[str],
+    ) -> dp.ContainerAllocateResponse | None:
+        chosen = self._devices_to_allocate(result, container, endpoint, count, reusable)
+        if not chosen:
+            return None
         response = endpoint.stub.Allocate(
             dp.AllocateRequest(
-                container_requests=[dp.ContainerAllocateRequest(devices_ids=chosen)]
+                container_requests=[dp.ContainerAllocateRequest(devices_ids=self._pick(chosen))]
             ),
-            timeout=10,
+            timeout=RPC_TIMEOUT,
         )
         if not response.container_responses:
             raise RuntimeError("no containers return in allocation response")
         # Only now, as the device manager inserts into podDevices (what pod-resources
         # reports) after the plugin's answer.
         with self._lock:
-            self._allocated.setdefault(uid, {}).setdefault(container, {})[endpoint.resource] = (
-                chosen
-            )
+            self._allocated.setdefault(result.uid, {}).setdefault(container, {})[
+                endpoint.resource
+            ] = sorted(chosen)
         return response.container_responses[0]
 
     def _set_status(self, pod: dict[str, Any], result: Admission) -> None:
         patch: dict[str, Any] = {"status": {"phase": "Running"}}
         if result.error:
-            patch = {
-                "status": {
-                    "phase": "Failed",
-                    "reason": "UnexpectedAdmissionError",
-                    "message": f"Allocate failed due to {result.error}, which is unexpected",
-                }
-            }
+            message = result.error
+            if result.reason == "UnexpectedAdmissionError":
+                message = f"Allocate failed due to {result.error}, which is unexpected"
+            patch = {"status": {"phase": "Failed", "reason": result.reason, "message": message}}
 
         def write() -> None:
             with contextlib.suppress(Exception):
@@ -423,6 +602,8 @@ class _Registration(dp_grpc.RegistrationServicer):
             self._kubelet.register(request)
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except ConnectionError as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         return dp.Empty()
 
 
