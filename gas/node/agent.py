@@ -211,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     watcher_thread.start()
     delay = 1.0  # soon after a start, then now and then
     while not stop.wait(delay):
-        _reconcile(writer, cache, pod_resources)
+        _reconcile(writer, cache, pod_resources, matcher)
         delay = RECONCILE_SECONDS
     log.info("stopping")
     for plugin in plugins.by_resource.values():
@@ -227,12 +227,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reconcile(writer: HandoutWriter, cache: PodCache, pod_resources: PodResourcesClient) -> None:
+def _reconcile(
+    writer: HandoutWriter, cache: PodCache, pod_resources: PodResourcesClient, matcher: PodMatcher
+) -> None:
     try:
         listing = pod_resources.list()
     except PodResourcesError as exc:
         log.debug("no reconcile of gas-node-cards: %s", exc)
         return
+    matcher.observe(listing)  # a pod listed now was listed before any that come later
     held = {
         key: {name: {i for ids in res.values() for i in ids} for name, res in containers.items()}
         for key, containers in listing.items()

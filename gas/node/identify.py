@@ -3,23 +3,32 @@
 The device-plugin API never says: `GetPreferredAllocation` and `Allocate` carry only device
 IDs. What is known around a request:
 
-- the kubelet admits pods one at a time, and within a pod allocates container by
-  container in `spec.containers` order, calling the plugin once per container;
+- the kubelet admits pods one at a time (`HandlePodAdditions`: a batch sorted by
+  creation time, then pod after pod), and within a pod allocates container by container
+  in `spec.containers` order (init containers first), calling the plugin once per
+  container;
 - just before admitting a pod the kubelet adds it to the pods it knows, and its
-  pod-resources `List` reports every pod it knows with the device IDs each container
-  already holds; a pod of a later batch, or later in the same batch, is not listed yet;
+  pod-resources `List` reports every pod it knows, admitted or refused, with the device
+  IDs each container already holds; a pod of a later batch, or later in the same batch,
+  is not listed yet;
 - pods bound to this node (from the API server) carry gas's card choice per container;
-- pods reaching the kubelet together are admitted oldest first (`creationTimestamp`);
 - the request asks for as many devices as the container asks for (one share per device)
   and offers the available ones (`GetPreferredAllocation`), or names those chosen
   (`Allocate`).
 
 So a pending pod is a candidate while one of its GPU containers holds no device yet; its
-next GPU container is the one asking. Only candidates the kubelet lists are considered,
-oldest first (creation time, then namespace and name). A candidate
-must ask for the request's device count, and in `GetPreferredAllocation` its cards must all
-be among the available devices; in `Allocate`, a candidate whose cards are those chosen is
-taken before one whose are not. Everything here is pure, over plain records.
+next GPU container is the one asking. Only candidates the kubelet lists can be the one it
+is admitting, and of those only the one it listed last: since the kubelet adds a pod just
+before admitting it and admits one pod at a time, every candidate it listed earlier has
+finished its admission without devices (refused by the kubelet for another reason, say
+`OutOfcpu` or an eviction threshold, whose Failed status has not reached the API server
+yet). `listed` numbers the pod-resources listings in which a pod was first seen; the
+candidates first seen in the newest listing are the pool. The pool must hold exactly one
+candidate whose next container asks for the request's device count: two (a refused pod
+and the one being admitted first seen in the same listing) are ambiguous, and the
+request is refused rather than guessed at. Then, in `GetPreferredAllocation` its cards must
+all be among the devices offered, and in `Allocate` they must be those chosen. Everything
+here is pure, over plain records.
 """
 
 from __future__ import annotations
@@ -42,12 +51,13 @@ from gas.core.model import (
 )
 from gas.node.allocation import AllocationError, composite_hierarchy, mismatch, preferred_ids
 
-GAS, UNMANAGED, PROBLEM, MISMATCH, UNIDENTIFIED = (
+GAS, UNMANAGED, PROBLEM, MISMATCH, UNIDENTIFIED, AMBIGUOUS = (
     "gas",
     "unmanaged",
     "problem",
     "mismatch",
     "unidentified",
+    "ambiguous",
 )
 PENDING_PHASES = frozenset({"", "Pending"})
 
@@ -198,6 +208,8 @@ class Candidate:
     container: ContainerRecord
     known: bool
     """The kubelet's pod-resources lists the pod."""
+    listed: int = 0
+    """The number of the pod-resources listing that first showed the pod (higher: later)."""
 
 
 def next_container(
@@ -211,19 +223,25 @@ def next_container(
 
 
 def candidates(
-    pods: Iterable[PodRecord], resource: str, held: Held, refused: Collection[str] = ()
+    pods: Iterable[PodRecord],
+    resource: str,
+    held: Held,
+    refused: Collection[str] = (),
+    listed: Mapping[tuple[str, str], int] | None = None,
 ) -> list[Candidate]:
-    """Pending pods with a container still waiting for `resource`, in the order the
-    kubelet would reach them. `refused` are UIDs whose admission the plugin already
-    failed: the kubelet does not retry a pod it rejected."""
+    """Pending pods with a container still waiting for `resource`, the kubelet's latest
+    first (`listed`: pod key -> number of the listing that first showed it), then oldest
+    first. `refused` are UIDs whose admission the plugin already failed: the kubelet does
+    not retry a pod it rejected."""
     found = []
     for pod in pods:
         if not pod.pending or pod.uid in refused:
             continue
         container = next_container(pod, resource, held.get(pod.key, {}))
         if container is not None:
-            found.append(Candidate(pod, container, pod.key in held))
-    found.sort(key=lambda c: (c.pod.created, c.pod.namespace, c.pod.name))
+            order = (listed or {}).get(pod.key, 0)
+            found.append(Candidate(pod, container, pod.key in held, order))
+    found.sort(key=lambda c: (-c.listed, c.pod.created, c.pod.namespace, c.pod.name))
     return found
 
 
@@ -231,7 +249,8 @@ def candidates(
 class Decision:
     """`outcome`: GAS (serve `candidate` with gas's cards), UNMANAGED (a pod gas did not
     place: the kubelet's choice, reported), PROBLEM (gas's annotations cannot be used),
-    MISMATCH (the pod is known but cannot get gas's cards) or UNIDENTIFIED."""
+    MISMATCH (the pod is known but cannot get gas's cards), UNIDENTIFIED (no candidate)
+    or AMBIGUOUS (more than one, which the API server may settle soon)."""
 
     outcome: str
     candidate: Candidate | None = None
@@ -262,28 +281,48 @@ def _served(candidate: Candidate, preferred: tuple[str, ...] = ()) -> Decision:
     return Decision(GAS, candidate, preferred=preferred)
 
 
-def _pool(found: list[Candidate], resource: str, size: int) -> tuple[list[Candidate], str]:
-    """Candidates the kubelet knows, asking for `size`. A pod the kubelet does not list
-    cannot be the one it is admitting: it adds a pod to its pods before admitting it."""
+def _name(candidate: Candidate) -> str:
+    pod = candidate.pod
+    return f"{pod.namespace}/{pod.name} container {candidate.container.name!r}"
+
+
+def _one(found: list[Candidate], resource: str, size: int) -> Candidate | Decision:
+    """The one candidate the request can be for, or the decision saying why there is none.
+
+    A pod the kubelet does not list cannot be the one it is admitting (it adds a pod to
+    its pods before admitting it), nor can one it listed before another candidate (that
+    one's admission has ended)."""
     pool = [c for c in found if c.known]
-    if found and not pool:
-        oldest = found[0].pod
-        return [], (
-            f"the kubelet lists none of the {len(found)} pending pod(s) waiting for "
-            f"{resource} (the first: {oldest.namespace}/{oldest.name})"
-        )
-    sized = [c for c in pool if c.container.devices.get(resource) == size]
-    if pool and not sized:
-        first = pool[0]
-        asks = first.container.devices.get(resource)
-        return [], (
-            f"no pending pod's next container asks for {size} {resource}: the first "
-            f"candidate, {first.pod.namespace}/{first.pod.name} container "
-            f"{first.container.name!r}, asks for {asks}"
-        )
     if not pool:
-        return [], f"no pending pod on this node has a container waiting for {resource}"
-    return sized, ""
+        if found:
+            oldest = min(found, key=lambda c: c.pod.created).pod
+            reason = (
+                f"the kubelet lists none of the {len(found)} pending pod(s) waiting for "
+                f"{resource} (the first: {oldest.namespace}/{oldest.name})"
+            )
+        else:
+            reason = f"no pending pod on this node has a container waiting for {resource}"
+        return Decision(UNIDENTIFIED, reason=reason)
+    newest = max(c.listed for c in pool)
+    latest = [c for c in pool if c.listed == newest]
+    sized = [c for c in latest if c.container.devices.get(resource) == size]
+    if not sized:
+        first = latest[0]
+        return Decision(
+            UNIDENTIFIED,
+            reason=f"no pending pod's next container asks for {size} {resource}: the "
+            f"kubelet's latest candidate, {_name(first)}, asks for "
+            f"{first.container.devices.get(resource)}",
+        )
+    if len(sized) > 1:
+        names = ", ".join(_name(c) for c in sized[:4])
+        return Decision(
+            AMBIGUOUS,
+            reason=f"{len(sized)} pending pods the kubelet listed at once each wait for "
+            f"{size} {resource} ({names}): all but one were refused by the kubelet, and "
+            "the API server does not say which yet",
+        )
+    return sized[0]
 
 
 def for_preferred(
@@ -294,34 +333,26 @@ def for_preferred(
     must_include: Collection[str] = (),
 ) -> Decision:
     """Identify a `GetPreferredAllocation` request and choose its device IDs."""
-    sized, reason = _pool(found, resource, size)
-    if not sized:
-        return Decision(UNIDENTIFIED, reason=reason)
-    for candidate in sized:
-        chosen = _fits(candidate, size, available, must_include)
-        if chosen is not None:
-            return _served(candidate, chosen)
-    first = sized[0]
+    candidate = _one(found, resource, size)
+    if isinstance(candidate, Decision):
+        return candidate
+    chosen = _fits(candidate, size, available, must_include)
+    if chosen is not None:
+        return _served(candidate, chosen)
     return Decision(
         MISMATCH,
-        first,
-        f"its cards {', '.join(first.container.cards)} do not have {size} free healthy "
+        candidate,
+        f"its cards {', '.join(candidate.container.cards)} do not have {size} free healthy "
         f"shares among the {len(available)} devices the kubelet offers",
     )
 
 
 def for_allocate(found: list[Candidate], resource: str, ids: Collection[str]) -> Decision:
     """Identify an `Allocate` request; a GAS decision means the IDs are gas's cards."""
-    sized, reason = _pool(found, resource, len(ids))
-    if not sized:
-        return Decision(UNIDENTIFIED, reason=reason)
-    for candidate in sized:
-        if not candidate.pod.annotated or candidate.pod.problem:
-            return _served(candidate)
-        if mismatch(candidate.container.cards, ids) is None:
-            return _served(candidate)
-    first = sized[0]
-    return Decision(MISMATCH, first, mismatch(first.container.cards, ids) or "")
+    candidate = _one(found, resource, len(ids))
+    if isinstance(candidate, Decision):
+        return candidate
+    return check_allocate(candidate, ids)
 
 
 def check_allocate(candidate: Candidate, ids: Collection[str]) -> Decision:

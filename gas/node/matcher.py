@@ -17,6 +17,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from gas.node.identify import (
+    AMBIGUOUS,
     UNIDENTIFIED,
     Candidate,
     Decision,
@@ -36,6 +37,10 @@ MEMO_SECONDS = 30.0
 """How long what `GetPreferredAllocation` identified is trusted for the next `Allocate`."""
 FETCH_AGAIN_SECONDS = 10.0
 SYNC_WAIT_SECONDS = 10.0
+SETTLE_DELAYS = (0.1, 0.2, 0.4, 0.8, 1.5)
+"""Waits between fresh reads when candidates are ambiguous: the kubelet writes a refused
+pod's Failed status at once, so the API server settles it within a second or two. The
+kubelet waits for the answer (it admits one pod at a time): in all, at most 3 s."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,9 @@ class PodMatcher:
         self._served: dict[str, dict[str, dict[str, frozenset[str]]]] = {}
         self._memo: dict[str, _Memo] = {}
         self._fetched: dict[tuple[str, str], float] = {}
+        # (namespace, name) -> (UID then, number of the listing that first showed it)
+        self._first_listed: dict[tuple[str, str], tuple[str | None, int]] = {}
+        self._listings = 0
 
     # ------------------------------------------------------------ memory
 
@@ -125,6 +133,7 @@ class PodMatcher:
         listing = self._pod_resources.list()
         self._fetch_unknown(listing)
         pods = self._cache.pods()
+        listed = self.observe(listing, pods)
         held = self._held(pods, listing, resource)
         if allocating:
             drop = frozenset(allocating)
@@ -134,7 +143,28 @@ class PodMatcher:
             }
         with self._lock:
             refused = set(self._refused)
-        return State(pods, listing, candidates(pods, resource, held, refused))
+        return State(pods, listing, candidates(pods, resource, held, refused, listed))
+
+    def observe(
+        self, listing: Listing, pods: Sequence[PodRecord] | None = None
+    ) -> dict[tuple[str, str], int]:
+        """Note which listing first showed each pod the kubelet lists; returns the numbers.
+
+        A name the kubelet stops listing is forgotten, and one that comes back as another
+        pod (a new UID: deleted and made again) counts as first shown now."""
+        uids = {pod.key: pod.uid for pod in (self._cache.pods() if pods is None else pods)}
+        with self._lock:
+            self._listings += 1
+            number = self._listings
+            first: dict[tuple[str, str], tuple[str | None, int]] = {}
+            for key in listing:
+                uid = uids.get(key)
+                seen_uid, seen = self._first_listed.get(key, (uid, number))
+                if seen_uid is not None and uid is not None and seen_uid != uid:
+                    seen = number
+                first[key] = (uid if uid is not None else seen_uid, seen)
+            self._first_listed = first
+        return {key: seen for key, (_, seen) in first.items()}
 
     # ------------------------------------------------------------ internals
 
@@ -151,14 +181,31 @@ class PodMatcher:
         if decision.outcome == UNIDENTIFIED:
             # The watch may lag the kubelet's own: read the pods afresh once.
             log.info("%s: %s; reading this node's pods afresh", resource, decision.reason)
-            try:
-                self._cache.refresh()
-            except Exception as exc:
-                log.warning("cannot list this node's pods: %s", exc)
-                return decision, state
-            state = self.state(resource, allocating)
-            decision = decide(state)
+            decision, state = self._again(resource, decide, allocating, decision, state)
+        for delay in SETTLE_DELAYS:
+            if decision.outcome != AMBIGUOUS:
+                break
+            # A pod the kubelet refused is still Pending at the API server: wait for it.
+            log.info("%s: %s; reading this node's pods again", resource, decision.reason)
+            time.sleep(delay)
+            decision, state = self._again(resource, decide, allocating, decision, state)
         return decision, state
+
+    def _again(
+        self,
+        resource: str,
+        decide: Callable[[State], Decision],
+        allocating: Collection[str],
+        decision: Decision,
+        state: State,
+    ) -> tuple[Decision, State]:
+        try:
+            self._cache.refresh()
+        except Exception as exc:
+            log.warning("cannot list this node's pods: %s", exc)
+            return decision, state
+        state = self.state(resource, allocating)
+        return decide(state), state
 
     def _fetch_unknown(self, listing: Listing) -> None:
         """Read pods the kubelet lists but the cache lacks, when none of their containers

@@ -244,3 +244,40 @@ def test_an_agent_restart_loses_nothing(
         ),
         what="gas-node-cards of the first pod",
     )
+
+
+def _created(pod_obj: dict[str, Any], second: int) -> dict[str, Any]:
+    pod_obj["metadata"]["creationTimestamp"] = f"2025-01-01T00:00:{second:02d}Z"
+    return pod_obj
+
+
+@pytest.mark.parametrize("before_container", [0, 1])
+def test_a_pod_the_kubelet_refused_for_other_reasons_never_lends_its_cards(
+    apiserver: ApiServerDouble, rigs: Callable[..., NodeRig], before_container: int
+) -> None:
+    """The kubelet refuses an older pod (eviction before its devices, or the CPU manager
+    between its containers) and writes Failed late: the pod after it in the batch must get
+    its own cards, or be refused, never the refused pod's."""
+    rig = rigs("n1", [FakeCard(i) for i in range(4)], run=False, status_lag=1.5)
+    rig.wait_registered()
+    apiserver.add_pod(
+        _created(
+            annotated(
+                "older",
+                container("a", i915="1"),
+                container("b", i915="1"),
+                node="n1",
+                cards="card2|card0",
+            ),
+            1,
+        )
+    )
+    apiserver.add_pod(
+        _created(annotated("newer", container("c", i915="1"), node="n1", cards="card1"), 2)
+    )
+    rig.kubelet.reject("older", "OutOfcpu", before_container=before_container)
+    older, newer = rig.kubelet.sync()
+    assert (older.name, older.reason) == ("older", "OutOfcpu")
+    assert newer.name == "newer"
+    assert newer.error == "", newer.error
+    assert given(newer)["c"][0] == ("card1",)

@@ -3,13 +3,15 @@ node agent records having handed out (gas.node.handout)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from gas.node.handout import format_segments, handed_out, parse_segments
 from gas.node.identify import (
+    AMBIGUOUS,
     GAS,
     MISMATCH,
     PROBLEM,
@@ -71,6 +73,7 @@ def listed(*pods: PodRecord, **held: dict[str, list[str]]) -> dict[Any, Any]:
 
 
 AVAILABLE = [f"card{c}-{s}" for c in range(4) for s in range(3)]
+OLD, NEW, A, B, TWO = (("default", n) for n in ("old", "new", "a", "b", "two"))
 
 
 def test_pod_record_reads_cards_tiles_and_the_hierarchy() -> None:
@@ -131,40 +134,51 @@ def test_the_next_gpu_container_skips_those_served_and_those_without_gpus() -> N
     assert candidates([p], I915, listed(p, p={"a": ["card1-0"], "b": ["card0-1"]})) == []
 
 
-def test_only_pods_the_kubelet_lists_are_candidates_oldest_first() -> None:
+def test_only_the_pod_the_kubelet_listed_last_is_the_one_it_admits() -> None:
     old = pod("old", cards="card0", created="2025-01-01T00:00:01Z")
     new = pod("new", cards="card1", created="2025-01-01T00:00:02Z")
-    later = pod("b-later", cards="card2", created="2025-01-01T00:00:00Z")
-    found = candidates([new, later, old], I915, listed(old, new))
+    unlisted = pod("b-later", cards="card2", created="2025-01-01T00:00:00Z")
+    # `old` was listed first: its admission ended (the kubelet refused it), whatever its age
+    found = candidates([new, unlisted, old], I915, listed(old, new), listed={OLD: 1, NEW: 2})
     decision = for_preferred(found, I915, 1, AVAILABLE)
-    assert decision.candidate is not None and decision.candidate.pod.name == "old"
+    assert decision.candidate is not None and decision.candidate.pod.name == "new"
+    assert decision.preferred == ("card1-0",)
+    # ...also when it is the younger one
+    found = candidates([new, old], I915, listed(old, new), listed={OLD: 3, NEW: 2})
+    assert for_allocate(found, I915, ["card0-1"]).outcome == GAS
     # a pod the kubelet has not received yet is never the one it admits
-    decision = for_preferred(candidates([later], I915, listed(old)), I915, 1, AVAILABLE)
+    decision = for_preferred(candidates([unlisted], I915, listed(old)), I915, 1, AVAILABLE)
     assert decision.outcome == UNIDENTIFIED and "lists none" in decision.reason
-    # same second: the name decides (the kubelet's own order is not defined)
+
+
+def test_pods_first_listed_together_are_ambiguous_never_a_guess() -> None:
+    # the same second and the same listing: the kubelet refused one of them, and nothing
+    # says which yet
     a = pod("a", cards="card0")
     b = pod("b", cards="card1")
-    found = candidates([b, a], I915, listed(a, b))
+    found = candidates([b, a], I915, listed(a, b), listed={A: 4, B: 4})
     assert [c.pod.name for c in found] == ["a", "b"]
-
-
-def test_the_device_count_and_available_cards_cross_check_the_order() -> None:
-    two = pod("two", container("c", 2), cards="card0,card1", created="2025-01-01T00:00:01Z")
-    one = pod("one", cards="card2", created="2025-01-01T00:00:02Z")
-    found = candidates([two, one], I915, listed(two, one))
     decision = for_preferred(found, I915, 1, AVAILABLE)
-    assert decision.candidate is not None and decision.candidate.pod.name == "one"
-    # card0 has no free share: the older pod asking for card0 is not the one
-    first = pod("first", cards="card0", created="2025-01-01T00:00:01Z")
-    second = pod("second", cards="card3", created="2025-01-01T00:00:02Z")
-    found = candidates([first, second], I915, listed(first, second))
+    assert decision.outcome == AMBIGUOUS and decision.candidate is None
+    assert "default/a" in decision.reason and "default/b" in decision.reason
+    assert for_allocate(found, I915, ["card1-0"]).outcome == AMBIGUOUS
+    # ...even when only one of them could have its cards: the other may be the one
+    # admitted, and then it must be refused, not given the first one's card
     without_card0 = [i for i in AVAILABLE if not i.startswith("card0-")]
-    decision = for_preferred(found, I915, 1, without_card0)
-    assert decision.candidate is not None and decision.candidate.pod.name == "second"
-    # ...but when it is the only one, it is a mismatch, never someone else's cards
-    found = candidates([first], I915, listed(first))
-    decision = for_preferred(found, I915, 1, without_card0)
+    assert for_preferred(found, I915, 1, without_card0).outcome == AMBIGUOUS
+    # the device count tells them apart: only one of them can be asking
+    two = pod("two", container("c", 2), cards="card2,card3")
+    found = candidates([two, b], I915, listed(two, b), listed={TWO: 4, B: 4})
+    decision = for_preferred(found, I915, 2, AVAILABLE)
+    assert decision.candidate is not None and decision.candidate.pod.name == "two"
+
+
+def test_the_candidates_cards_must_be_offered() -> None:
+    first = pod("first", cards="card0")
+    without_card0 = [i for i in AVAILABLE if not i.startswith("card0-")]
+    decision = for_preferred(candidates([first], I915, listed(first)), I915, 1, without_card0)
     assert decision.outcome == MISMATCH and "card0" in decision.reason
+    assert decision.candidate is not None and decision.candidate.pod.name == "first"
 
 
 def test_no_candidate_asking_for_that_many_is_unidentified() -> None:
@@ -190,16 +204,12 @@ def test_a_pod_without_gas_annotations_is_unmanaged() -> None:
 
 
 def test_allocate_checks_the_kubelets_ids_against_gas() -> None:
-    a = pod("a", cards="card0", created="2025-01-01T00:00:01Z")
-    b = pod("b", cards="card1", created="2025-01-01T00:00:02Z")
-    found = candidates([a, b], I915, listed(a, b))
+    a = pod("a", cards="card0")
+    found = candidates([a], I915, listed(a))
     assert for_allocate(found, I915, ["card0-2"]).outcome == GAS
-    # the IDs are b's card: b is taken before a mismatching a
-    decision = for_allocate(found, I915, ["card1-0"])
-    assert decision.candidate is not None and decision.candidate.pod.name == "b"
     decision = for_allocate(found, I915, ["card3-0"])
     assert decision.outcome == MISMATCH and decision.candidate is not None
-    assert decision.candidate.pod.name == "a"
+    assert "card3" in decision.reason and "card0" in decision.reason
     # identified by GetPreferredAllocation: the IDs must be its cards, nobody else's
     assert check_allocate(found[0], ["card1-0"]).outcome == MISMATCH
     assert check_allocate(found[0], ["card0-0"]).outcome == GAS
@@ -217,3 +227,22 @@ def test_handed_out_records_every_container_in_the_annotation_format() -> None:
     assert parse_segments("card1||card0", 3) == [("card1",), (), ("card0",)]
     assert parse_segments("card1|", 3) == [(), (), ()]
     assert parse_segments("bad||", 3) == [(), (), ()]
+
+
+def test_the_matcher_numbers_the_listing_that_first_showed_each_pod() -> None:
+    from gas.node.matcher import PodMatcher
+
+    matcher = PodMatcher(cast(Any, None), cast(Any, None))  # observe reads neither
+    a, b = pod("a"), pod("b")
+    assert matcher.observe(listed(a), [a, b]) == {A: 1}
+    assert matcher.observe(listed(a, b), [a, b]) == {A: 1, B: 2}
+    # a pod the kubelet no longer lists is forgotten; back, it is new again
+    assert matcher.observe(listed(b), [a, b]) == {B: 2}
+    assert matcher.observe(listed(a, b), [a, b]) == {A: 4, B: 2}
+    # the same name with another UID: deleted and made again, so first shown now
+    again = dataclasses.replace(b, uid="uid-b-2")
+    assert matcher.observe(listed(a, again), [a, again]) == {A: 4, B: 5}
+    # a pod the API server has not shown yet keeps its number once it does
+    c = pod("c")
+    assert matcher.observe(listed(a, c), [a]) == {A: 4, ("default", "c"): 6}
+    assert matcher.observe(listed(a, c), [a, c]) == {A: 4, ("default", "c"): 6}
