@@ -90,6 +90,7 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         self._cond = threading.Condition()
         self._version = 0
         self._stopped = False
+        self._streams = 0
         self._cards: dict[str, Card] = {}
         self._devices: list[Device] = []
         self.set_cards(cards, ())
@@ -121,6 +122,11 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
             self._stopped = True
             self._cond.notify_all()
 
+    def streams(self) -> int:
+        """How many `ListAndWatch` streams the kubelet holds open now."""
+        with self._cond:
+            return self._streams
+
     def options(self) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(
             pre_start_required=False, get_preferred_allocation_available=True
@@ -137,15 +143,21 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
         self, request: pb.Empty, context: grpc.ServicerContext
     ) -> Iterator[pb.ListAndWatchResponse]:
         sent = -1
-        while context.is_active():
+        with self._cond:
+            self._streams += 1
+        try:
+            while context.is_active():
+                with self._cond:
+                    if self._stopped:
+                        return
+                    if self._version == sent:
+                        self._cond.wait(timeout=1.0)
+                        continue
+                    sent, devices = self._version, list(self._devices)
+                yield pb.ListAndWatchResponse(devices=[_device(d) for d in devices])
+        finally:
             with self._cond:
-                if self._stopped:
-                    return
-                if self._version == sent:
-                    self._cond.wait(timeout=1.0)
-                    continue
-                sent, devices = self._version, list(self._devices)
-            yield pb.ListAndWatchResponse(devices=[_device(d) for d in devices])
+                self._streams -= 1
 
     def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext

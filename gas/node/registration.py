@@ -5,7 +5,9 @@ The plugin's gRPC server listens on a unix socket in the device-plugin directory
 calls `v1beta1.Registration/Register` on the kubelet's `kubelet.sock` there. A kubelet
 that starts deletes every socket in that directory and creates its `kubelet.sock` anew:
 a watcher notices either (the plugin's socket gone, `kubelet.sock` replaced), serves on a
-fresh socket and registers again. Polling the directory needs no inotify and costs two
+fresh socket and registers again. It also registers again when the kubelet has held no
+`ListAndWatch` stream for a few seconds: a 1.28 kubelet drops the registered client when
+an older stream of the same resource ends, and says nothing else. Polling the directory needs no inotify and costs two
 `stat` calls a second.
 """
 
@@ -15,6 +17,7 @@ import logging
 import os
 import random
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -30,6 +33,9 @@ API_VERSION = "v1beta1"
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 KUBELET_SOCKET = "kubelet.sock"
 REGISTER_TIMEOUT = 5.0
+STREAM_GRACE = 3.0
+"""How long after registering the kubelet may go without a `ListAndWatch` stream open
+before the plugin registers again (it opens one at once after `Register`)."""
 
 
 def socket_name(resource: str) -> str:
@@ -83,6 +89,7 @@ class PluginServer(threading.Thread):
         self._workers = workers
         self._server: grpc.Server | None = None
         self._registered_with: tuple[int, int] | None = None
+        self._registered_at = 0.0
         self.registrations = 0
         self.registered = threading.Event()
 
@@ -116,13 +123,25 @@ class PluginServer(threading.Thread):
                 self.registered.clear()
             self._registered_with = None
             return
+        if kubelet == self._registered_with and self._stream_lost():
+            # A 1.28 kubelet disconnects the registered client when an older stream of
+            # the resource ends; the devices turn unhealthy and nothing else says so.
+            log.warning(
+                "%s: the kubelet holds no ListAndWatch stream; registering again", self.endpoint
+            )
+            self._registered_with = None
         if kubelet != self._registered_with:
             register(self.plugin_dir, self.endpoint, self.plugin)
             self._registered_with = kubelet
+            self._registered_at = time.monotonic()
             self.registrations += 1
             self.registered.set()
             self._metrics.registrations.labels(self.plugin.resource, "ok").inc()
             log.info("%s registered with the kubelet as %s", self.endpoint, self.plugin.resource)
+
+    def _stream_lost(self) -> bool:
+        settled = time.monotonic() - self._registered_at > STREAM_GRACE
+        return settled and self.plugin.streams() == 0
 
     def _serve(self) -> None:
         self._shutdown()

@@ -281,3 +281,21 @@ def test_a_pod_the_kubelet_refused_for_other_reasons_never_lends_its_cards(
     assert newer.name == "newer"
     assert newer.error == "", newer.error
     assert given(newer)["c"][0] == ("card1",)
+
+
+def test_registers_again_when_the_kubelet_drops_its_stream(
+    apiserver: ApiServerDouble, rigs: Callable[..., NodeRig]
+) -> None:
+    """A 1.28 kubelet may disconnect a plugin's fresh client when an older stream ends (its
+    runClient disconnects whichever client is registered): the devices turn unhealthy and
+    nothing else tells the plugin. It must notice the lost stream and register again."""
+    rig = rigs("n1", [FakeCard(0)], run=False)
+    rig.wait_registered()
+    rig.kubelet.drop_stream(I915)
+    wait_for(lambda: rig.kubelet.disconnects == [I915], what="the kubelet's disconnect")
+    assert not any(rig.kubelet.devices(I915).values())
+    rig.wait_registered(timeout=20)
+    assert len(rig.kubelet.registrations) == 2
+    apiserver.add_pod(annotated("p", container("c", i915="1"), node="n1", cards="card0"))
+    (result,) = rig.kubelet.sync()
+    assert result.error == "" and given(result)["c"][0] == ("card0",)
