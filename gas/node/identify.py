@@ -68,7 +68,8 @@ Every pod the kubelet lists is a key, with or without devices."""
 
 @dataclass(frozen=True)
 class ContainerRecord:
-    """One app container: what it asks of the device plugins and what gas gave it."""
+    """One container: what it asks of the device plugins and what gas gave it. `index`
+    counts in `spec.containers`, or in `spec.initContainers` for an `init` one."""
 
     index: int
     name: str
@@ -77,6 +78,7 @@ class ContainerRecord:
     cards: tuple[str, ...] = ()
     tiles: tuple[tuple[str, tuple[int, ...]], ...] = ()
     composite: bool = False
+    init: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ class PodRecord:
     """Why gas's annotations cannot be used; such a pod is refused, never guessed at."""
     node_cards: str | None = None
     """The pod's `gas-node-cards`: what the node agent already recorded handing out."""
+    init_containers: tuple[ContainerRecord, ...] = ()
+    """The init containers asking for GPUs: the kubelet allocates theirs first."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -125,24 +129,23 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord | None:
     annotations = as_mapping(metadata.get("annotations"))
     problem = None
     containers = []
-    raw = [as_mapping(c) for c in as_list(spec.get("containers"))]
-    for index, container in enumerate(raw):
-        try:
-            requests = container_requests(container)
-        except SpecError as exc:
-            requests, problem = {}, str(exc)
-        devices = {r: requests[r] for r in GPU_COUNT_RESOURCES if requests.get(r, 0) > 0}
-        cname = container.get("name")
-        containers.append(
-            ContainerRecord(
-                index=index,
-                name=cname if isinstance(cname, str) else "",
-                devices=devices,
-                composite=composite_hierarchy(_env(container)),
-            )
-        )
+    for index, container in enumerate(as_list(spec.get("containers"))):
+        record, trouble = _container_record(index, as_mapping(container), init=False)
+        containers.append(record)
+        problem = problem or trouble
+    inits = []
+    for index, container in enumerate(as_list(spec.get("initContainers"))):
+        record, trouble = _container_record(index, as_mapping(container), init=True)
+        if record.devices:
+            inits.append(record)
+        problem = problem or trouble
     cards_value = annotations.get(ANNOTATION_CARDS)
     annotated = isinstance(cards_value, str)
+    if annotated and problem is None and inits:
+        problem = (
+            f"init container {inits[0].name!r} asks for GPUs, and gas places the GPUs of "
+            "app containers only: it cannot say which cards an init container gets"
+        )
     if annotated and problem is None:
         try:
             containers = _with_cards(containers, str(cards_value), annotations)
@@ -163,7 +166,29 @@ def pod_record(obj: Mapping[str, Any]) -> PodRecord | None:
         annotated=annotated,
         problem=problem,
         node_cards=node_cards if isinstance(node_cards, str) else None,
+        init_containers=tuple(inits),
     )
+
+
+def _container_record(
+    index: int, container: Mapping[str, Any], init: bool
+) -> tuple[ContainerRecord, str | None]:
+    """The container's record, and why its requests cannot be read (if so)."""
+    problem = None
+    try:
+        requests = container_requests(container, "init container" if init else "container")
+    except SpecError as exc:
+        requests, problem = {}, str(exc)
+    devices = {r: requests[r] for r in GPU_COUNT_RESOURCES if requests.get(r, 0) > 0}
+    name = container.get("name")
+    record = ContainerRecord(
+        index=index,
+        name=name if isinstance(name, str) else "",
+        devices=devices,
+        composite=composite_hierarchy(_env(container)),
+        init=init,
+    )
+    return record, problem
 
 
 def _with_cards(
@@ -215,8 +240,10 @@ class Candidate:
 def next_container(
     pod: PodRecord, resource: str, held: Mapping[str, Collection[str]]
 ) -> ContainerRecord | None:
-    """The pod's first container asking for `resource` that holds none of it yet."""
-    for container in pod.containers:
+    """The pod's first container asking for `resource` that holds none of it yet, init
+    containers first (pod-resources lists app containers only: what an init container
+    holds is known from this agent's own answers)."""
+    for container in (*pod.init_containers, *pod.containers):
         if container.devices.get(resource, 0) > 0 and not held.get(container.name):
             return container
     return None

@@ -46,7 +46,7 @@ kubelet waits for the answer (it admits one pod at a time): in all, at most 3 s.
 @dataclass(frozen=True)
 class _Memo:
     uid: str
-    container: int
+    container: str
     size: int
     at: float
 
@@ -104,7 +104,7 @@ class PodMatcher:
             if decision.candidate is not None:
                 self._memo[resource] = _Memo(
                     decision.candidate.pod.uid,
-                    decision.candidate.container.index,
+                    decision.candidate.container.name,
                     size,
                     time.monotonic(),
                 )
@@ -121,7 +121,7 @@ class PodMatcher:
             if memo is not None and fresh and memo.size == len(ids):
                 for candidate in state.found:
                     same = candidate.pod.uid == memo.uid
-                    if same and candidate.container.index == memo.container:
+                    if same and candidate.container.name == memo.container:
                         return check_allocate(candidate, ids)
             return for_allocate(state.found, resource, ids)
 
@@ -136,9 +136,14 @@ class PodMatcher:
         listed = self.observe(listing, pods)
         held = self._held(pods, listing, resource)
         if allocating:
+            # ...but an init container's devices, which the app containers after it reuse
             drop = frozenset(allocating)
+            inits = {(pod.key, c.name) for pod in pods for c in pod.init_containers}
             held = {
-                key: {name: frozenset(ids) - drop for name, ids in containers.items()}
+                key: {
+                    name: ids if (key, name) in inits else frozenset(ids) - drop
+                    for name, ids in containers.items()
+                }
                 for key, containers in held.items()
             }
         with self._lock:

@@ -261,8 +261,8 @@ class DevicePlugin(pb_grpc.DevicePluginServicer):
 
     def _record(self, candidate: Candidate, state: State, cards: Sequence[str]) -> None:
         writer = self._reporter.writer
-        if writer is None:
-            return
+        if writer is None or candidate.container.init:
+            return  # gas-node-cards has segments for app containers only
         pod = candidate.pod
         held: dict[str, set[str]] = {}
         for name, resources in state.listing.get(pod.key, {}).items():

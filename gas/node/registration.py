@@ -7,8 +7,8 @@ that starts deletes every socket in that directory and creates its `kubelet.sock
 a watcher notices either (the plugin's socket gone, `kubelet.sock` replaced), serves on a
 fresh socket and registers again. It also registers again when the kubelet has held no
 `ListAndWatch` stream for a few seconds: a 1.28 kubelet drops the registered client when
-an older stream of the same resource ends, and says nothing else. Polling the directory needs no inotify and costs two
-`stat` calls a second.
+an older stream of the same resource ends, and says nothing else. Polling the directory
+needs no inotify and costs two `stat` calls a second.
 """
 
 from __future__ import annotations

@@ -299,3 +299,29 @@ def test_registers_again_when_the_kubelet_drops_its_stream(
     apiserver.add_pod(annotated("p", container("c", i915="1"), node="n1", cards="card0"))
     (result,) = rig.kubelet.sync()
     assert result.error == "" and given(result)["c"][0] == ("card0",)
+
+
+def test_init_containers_with_gpus(
+    apiserver: ApiServerDouble, rigs: Callable[..., NodeRig]
+) -> None:
+    """The kubelet allocates init containers first and lets the app containers reuse their
+    devices. gas never places them (it refuses such pods), so a pod gas did not place gets
+    the kubelet's choice for both, and a pod with gas annotations is refused."""
+    rig = rigs("n1", [FakeCard(0), FakeCard(1)], run=False)
+    rig.wait_registered()
+    plain = gpu_pod("plain", container("side"), container("app", i915="2"), node="n1")
+    plain["spec"]["initContainers"] = [container("warm", i915="1")]
+    apiserver.add_pod(plain)
+    (result,) = rig.kubelet.sync()
+    assert result.error == ""
+    held = rig.kubelet.allocated(result.uid)
+    # the app container reuses the init container's device and gets one more
+    assert len(held["app"][I915]) == 2 and set(held["warm"][I915]) < set(held["app"][I915])
+    assert result.preferred_calls == 2  # the second with the reused device as must-include
+    wait_for(lambda: len(events(apiserver, "GasPodUnmanaged")) == 2, what="both reported")
+    placed = annotated("placed", container("app", i915="1"), node="n1", cards="card1")
+    placed["spec"]["initContainers"] = [container("warm", i915="1")]
+    apiserver.add_pod(placed)
+    (result,) = rig.kubelet.sync()
+    assert "init container 'warm'" in result.error
+    wait_for(lambda: events(apiserver, "GasAllocationMismatch"), what="the refusal's Event")

@@ -246,3 +246,26 @@ def test_the_matcher_numbers_the_listing_that_first_showed_each_pod() -> None:
     c = pod("c")
     assert matcher.observe(listed(a, c), [a]) == {A: 4, ("default", "c"): 6}
     assert matcher.observe(listed(a, c), [a, c]) == {A: 4, ("default", "c"): 6}
+
+
+def test_init_containers_asking_for_gpus_come_first_and_gas_never_placed_them() -> None:
+    obj: dict[str, Any] = {
+        "metadata": {"name": "p", "uid": "uid-p", "namespace": "default"},
+        "spec": {
+            "initContainers": [container("setup"), container("warm", 1)],
+            "containers": [container("app", 2)],
+        },
+        "status": {"phase": "Pending"},
+    }
+    record = pod_record(obj)
+    assert record is not None and record.problem is None
+    assert [(c.name, c.index, c.init) for c in record.init_containers] == [("warm", 1, True)]
+    found = candidates([record], I915, listed(record))
+    assert [c.container.name for c in found] == ["warm"]
+    assert for_preferred(found, I915, 1, AVAILABLE).outcome == UNMANAGED
+    found = candidates([record], I915, {record.key: {"warm": frozenset({"card0-0"})}})
+    assert [c.container.name for c in found] == ["app"]
+    obj["metadata"]["annotations"] = {"gas-container-cards": "card1"}
+    placed = pod_record(obj)
+    assert placed is not None and placed.problem is not None
+    assert "init container 'warm'" in placed.problem
