@@ -5,7 +5,6 @@ given, refusals and their reports, kubelet and agent restarts."""
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -131,15 +130,7 @@ def test_each_container_gets_gas_cards_and_tiles(
         "a": {I915: ["card2-0"]},
         "b": {I915: ["card0-0", "card1-0"]},
     }
-    wait_for(
-        lambda: (
-            (apiserver.get_pod("default", "multi") or {})["metadata"]["annotations"].get(
-                "gas-node-cards"
-            )
-            == "card2||card0,card1"
-        ),
-        what="gas-node-cards",
-    )
+    wait_for(lambda: node_cards(apiserver, "multi") == "card2||card0,card1", what="gas-node-cards")
 
 
 def test_a_pod_gas_did_not_place_gets_the_kubelets_choice_and_is_reported(
@@ -225,25 +216,22 @@ def test_an_agent_restart_loses_nothing(
             cards="card1|card0",
         )
     )
-    rig.kubelet.sync()
-    # killed before it could record what it handed out
+    # the API server turns the gas-node-cards patches away until the agent is killed
+    refusing = apiserver.faults.add("PATCH", r"/pods/two$", ("status", 503), times=None)
+    (first,) = rig.kubelet.sync()
+    assert first.error == ""
+    wait_for(lambda: refusing.hits > 0, what="a gas-node-cards write turned away")
     assert rig.agent.stop(signal.SIGKILL) == -signal.SIGKILL
+    assert node_cards(apiserver, "two") is None  # lost with the agent
+    apiserver.faults.clear()
     rig.agent.start()
-    wait_for(lambda: len(rig.kubelet.registrations) == 2, timeout=30, what="registered again")
     rig.wait_registered()
     apiserver.add_pod(annotated("next", container("c", i915="1"), node="n1", cards="card1"))
-    time.sleep(0.2)
     (result,) = rig.kubelet.sync()
     assert result.error == "" and given(result)["c"][0] == ("card1",)
-    wait_for(
-        lambda: (
-            (apiserver.get_pod("default", "two") or {})["metadata"]["annotations"].get(
-                "gas-node-cards"
-            )
-            == "card1|card0"
-        ),
-        what="gas-node-cards of the first pod",
-    )
+    # made good from what the kubelet says the containers hold
+    wait_for(lambda: node_cards(apiserver, "two") == "card1|card0", what="gas-node-cards")
+    wait_for(lambda: node_cards(apiserver, "next") == "card1", what="the next pod's")
 
 
 def _created(pod_obj: dict[str, Any], second: int) -> dict[str, Any]:

@@ -252,6 +252,7 @@ def test_capacity_follows_hot_unplug_and_replug(
     three = {MEMORY: str(64 * GIB), MILLICORES: "3000", LABEL_TILES: "5"}
     wait_for(lambda: state()[:2] == ("0.1.2", three), what="the first publication")
     kubelet_status_update(apiserver)
+    before = node_of(apiserver)
 
     remove_card(sysfs, CARDS[1])
     events.send("remove card1")
@@ -261,6 +262,15 @@ def test_capacity_follows_hot_unplug_and_replug(
     assert state()[0] == "0.1.2"
     kubelet_status_update(apiserver)
     wait_for(lambda: state() == ("0.2", one_less, one_less), what="labels after the unplug")
+    # nothing else of the node changed on the way
+    after = node_of(apiserver)
+    assert without_owned(after["status"]) == without_owned(before["status"])
+    assert after["spec"] == before["spec"]
+    assert after["metadata"]["annotations"] == before["metadata"]["annotations"]
+    gpu_labels = (LABEL_GPU_NUMBERS, LABEL_CARDS, LABEL_TILES)
+    assert {k: v for k, v in after["metadata"]["labels"].items() if k not in gpu_labels} == {
+        k: v for k, v in before["metadata"]["labels"].items() if k not in gpu_labels
+    }
 
     add_card(sysfs, CARDS[1])
     events.send("add card1")
