@@ -244,9 +244,10 @@ def test_a_pod_the_kubelet_refused_for_other_reasons_never_lends_its_cards(
     apiserver: ApiServerDouble, rigs: Callable[..., NodeRig], before_container: int
 ) -> None:
     """The kubelet refuses an older pod (eviction before its devices, or the CPU manager
-    between its containers) and writes Failed late: the pod after it in the batch must get
-    its own cards, or be refused, never the refused pod's."""
-    rig = rigs("n1", [FakeCard(i) for i in range(4)], run=False, status_lag=1.5)
+    between its containers) and writes Failed late: the pod after it in the batch gets its
+    own cards, never the refused pod's (first listed together, the two are read again until
+    the Failed status arrives; listed apart, the later one is the pod being admitted)."""
+    rig = rigs("n1", [FakeCard(i) for i in range(4)], run=False, status_lag=0.5)
     rig.wait_registered()
     apiserver.add_pod(
         _created(
@@ -269,6 +270,8 @@ def test_a_pod_the_kubelet_refused_for_other_reasons_never_lends_its_cards(
     assert newer.name == "newer"
     assert newer.error == "", newer.error
     assert given(newer)["c"][0] == ("card1",)
+    # refused before its devices, the older pod was first listed with the newer one
+    assert ("reading this node's pods again" in rig.agent.log()) == (before_container == 0)
 
 
 def test_registers_again_when_the_kubelet_drops_its_stream(
