@@ -22,22 +22,24 @@ Prints Markdown tables; never fails on time.
 from __future__ import annotations
 
 import argparse
+import http.client
 import io
 import json
 import os
 import signal
+import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.filters import many_shape_pods, one_shape_pods
+from benchmarks.filters import many_shape_pods
 from benchmarks.harness import (
     Client,
     CpuMeter,
@@ -54,6 +56,9 @@ from tests.support.gasproc import TLSFiles, child_pids, free_port, make_tls_file
 RAW_PATH = "/raw"
 FLASK_PATH = "/flask"
 OK = b'{"status":"ok"}'
+
+Requests = list[tuple[str, str, bytes | None]]
+"""(method, path, body) of requests sent one after another."""
 
 
 # ---------------------------------------------------------------- the floor: a bare server
@@ -137,7 +142,7 @@ def timed_requests(
     name: str,
     client: Client,
     meter: CpuMeter | None,
-    requests: list[tuple[str, str, bytes | None]],
+    requests: Requests,
 ) -> Figure:
     """The requests one after another on one connection; the first is a warm-up."""
     figure = Figure(name)
@@ -156,24 +161,44 @@ def timed_requests(
     return figure
 
 
-def filter_requests(
-    pods: list[dict[str, Any]], names: list[str]
-) -> list[tuple[str, str, bytes | None]]:
+def filter_requests(pods: list[dict[str, Any]], names: list[str]) -> Requests:
     names_json = json.dumps(names).encode()
     return [("POST", "/scheduler/filter", filter_body(pod, names_json)) for pod in pods]
+
+
+class _OneWriteConnection(http.client.HTTPSConnection):
+    """Sends a request's head and body in one write, as Go's net/http does for a body that
+    fits its 4 kB buffer: http.client writes them apart, two TLS records, and gas's server
+    then waits for the second before it hands the request to a thread."""
+
+    def _send_output(self, message_body: Any = None, encode_chunked: bool = False) -> None:
+        if not isinstance(message_body, bytes) or encode_chunked:
+            super()._send_output(message_body, encode_chunked)  # type: ignore[misc]
+            return
+        self._buffer.extend((b"", b""))  # type: ignore[attr-defined]
+        head = b"\r\n".join(self._buffer)  # type: ignore[attr-defined]
+        del self._buffer[:]  # type: ignore[attr-defined]
+        self.send(head + message_body)
+
+
+class OneWriteClient(Client):
+    """`Client`, writing each request at once."""
+
+    def __init__(self, port: int, tls: TLSFiles) -> None:
+        context = ssl.create_default_context(cafile=tls.ca)
+        context.load_cert_chain(tls.client_cert, tls.client_key)
+        self._connection = _OneWriteConnection("127.0.0.1", port, context=context, timeout=120)
+
+
+TWO_WRITES = " (head, body: 2 writes)"
 
 
 def http_figures(
     nodes: int, sizes: list[int], rounds: int, directory: Path, tls: TLSFiles
 ) -> list[Figure]:
-    figures: list[Figure] = []
-    with bare_server(tls) as (port, worker):
-        client = Client(port, tls)
-        meter = CpuMeter(worker)
-        for name, path in (("bare WSGI", RAW_PATH), ("one-line Flask route", FLASK_PATH)):
-            requests: list[tuple[str, str, bytes | None]] = [("GET", path, None)] * (rounds + 1)
-            figures.append(timed_requests(name, client, meter, requests))
-        client.close()
+    """Requests one at a time on a kept-alive connection, written as kube-scheduler writes
+    them (`OneWriteClient`); two rows also with Python's own client (`TWO_WRITES`), as
+    `benchmarks.run` sends them."""
     cluster = make_cluster(nodes, 0.5)
     names = cluster.node_names
     serial = iter(range(10**9))
@@ -182,22 +207,40 @@ def http_figures(
         n = next(serial)
         return pod_object(f"new-{n}", f"uid-new-{n}", shape or SHAPES[1])
 
+    def filters(count: int, shapes: Sequence[Shape] = SHAPES[1:2]) -> Requests:
+        pods = many_shape_pods(new_pod, shapes, rounds)
+        return filter_requests(pods, names[:count])
+
+    figures: list[Figure] = []
+    with bare_server(tls) as (port, worker):
+        client = OneWriteClient(port, tls)
+        meter = CpuMeter(worker)
+        for name, path in (("bare WSGI", RAW_PATH), ("one-line Flask route", FLASK_PATH)):
+            requests: Requests = [("GET", path, None)] * (rounds + 1)
+            figures.append(timed_requests(name, client, meter, requests))
+        posts = [("POST", RAW_PATH, body) for _, _, body in filters(100)]
+        figures.append(timed_requests("bare WSGI, POST of a 100-node filter", client, meter, posts))
+        client.close()
+
     with gas_server(cluster, directory, tls) as server:
-        client = Client(server.port, tls)
+        client, python_client = OneWriteClient(server.port, tls), Client(server.port, tls)
         meter = CpuMeter(server.worker_pid())
-        healthz: list[tuple[str, str, bytes | None]] = [("GET", "/healthz", None)] * (rounds + 1)
+        healthz: Requests = [("GET", "/healthz", None)] * (rounds + 1)
         figures.append(timed_requests("gas /healthz", client, meter, healthz))
-        empty = filter_requests(one_shape_pods(new_pod, SHAPES[1], rounds), [])
-        figures.append(timed_requests("gas filter, 0 nodes", client, meter, empty))
-        for size in sizes:
-            subset = names[:size]
-            one = filter_requests(one_shape_pods(new_pod, SHAPES[1], rounds), subset)
-            figures.append(timed_requests(f"filter {size:,} nodes, 1 shape", client, meter, one))
-            shapes = queue_shapes(QUEUE_SHAPES)
-            many = filter_requests(many_shape_pods(new_pod, shapes, rounds), subset)
-            name = f"filter {size:,} nodes, {QUEUE_SHAPES} shapes"
+        for count in (0, 100):
+            name = f"filter {count} nodes, 1 shape"
+            figures.append(timed_requests(name, client, meter, filters(count)))
+            name += TWO_WRITES
+            figures.append(timed_requests(name, python_client, meter, filters(count)))
+        for count in sizes:
+            name = f"filter {count:,} nodes, 1 shape"
+            if count != 100:
+                figures.append(timed_requests(name, client, meter, filters(count)))
+            name = f"filter {count:,} nodes, {QUEUE_SHAPES} shapes"
+            many = filters(count, queue_shapes(QUEUE_SHAPES))
             figures.append(timed_requests(name, client, meter, many))
         client.close()
+        python_client.close()
     return figures
 
 

@@ -6,6 +6,12 @@ request latency and outcome metrics, the decision log, and the statuses. A malfo
 request is a 400 with a JSON body naming the problem, an unknown route 404, a wrong method
 405, an oversized body 413, a request while gas is not synced with the cluster 503; every
 error body is JSON with `Error`.
+
+kube-scheduler's POSTs to the four verbs are answered by a WSGI layer in front of Flask
+(`_SchedulerRoutes`): Flask's request context, routing, hooks and response object cost
+more per request than a filter of a hundred nodes does, and these routes need none of
+them. Everything else (probes, metrics, the ledger's view, 404, 405) goes through Flask;
+the verbs' Flask routes answer the same way, through the same `_Face`.
 """
 
 from __future__ import annotations
@@ -13,9 +19,15 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
-from flask import Flask, Response, current_app, g, request
+from flask import Flask, Response, g, request
+from prometheus_client import Counter, Histogram
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTimeout
+from werkzeug.http import HTTP_STATUS_CODES
+from werkzeug.sansio.utils import get_content_length
+from werkzeug.wsgi import get_input_stream
 
 from gas.cluster.protocol import Cluster
 from gas.core.ledger import Ledger
@@ -24,6 +36,9 @@ from gas.serving.metrics import Metrics
 from gas.serving.service import NOT_SYNCED, Extender, Options, Reply
 from gas.serving.wire import BadRequest
 
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+
 __all__ = ["Options", "create_app"]
 
 log = logging.getLogger(__name__)
@@ -31,6 +46,10 @@ decisions = logging.getLogger("gas.decisions")
 
 # Outcomes of the requests that never reached a verb, by status.
 _STATUS_OUTCOMES = {400: "bad_request", 413: "bad_request", 503: "not_synced"}
+_JSON = "application/json"
+_ROUTES = {verb: rule for rule, verb in routes.VERBS.items()}
+# As json.dumps(..., separators=(",", ":")) writes it, without building an encoder per call.
+_decision_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def create_app(
@@ -44,16 +63,11 @@ def create_app(
     metrics.watch_ledger(ledger)
     app = Flask("gas")
     app.config["MAX_CONTENT_LENGTH"] = options.max_request_bytes
-    face = _Face(Extender(ledger, cluster, options), ledger, metrics)
+    face = _Face(Extender(ledger, cluster, options), ledger, metrics, app.config)
     app.before_request(_start_clock)
     app.after_request(face.count)
-    for rule, view in (
-        (routes.FILTER, face.filter),
-        (routes.PRIORITIZE, face.prioritize),
-        (routes.PREEMPT, face.preempt),
-        (routes.BIND, face.bind),
-    ):
-        app.add_url_rule(rule, view_func=view, methods=["POST"])
+    for rule, verb in routes.VERBS.items():
+        app.add_url_rule(rule, verb, face.view(verb), methods=["POST"])
     for rule, view in (
         (routes.METRICS, face.metrics),
         (routes.HEALTHZ, _healthz),
@@ -64,7 +78,36 @@ def create_app(
     app.register_error_handler(BadRequest, _bad_request)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _internal_error)
+    app.wsgi_app = _SchedulerRoutes(app.wsgi_app, face)  # type: ignore[method-assign]
     return app
+
+
+class _SchedulerRoutes:
+    """kube-scheduler's POSTs to the verbs, answered without Flask; every other request
+    is passed to Flask (`flask`). Answers, metrics and logs are those of Flask's routes."""
+
+    def __init__(self, flask: WSGIApplication, face: _Face) -> None:
+        self.flask = flask
+        self._face = face
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        verb = routes.VERBS.get(environ.get("PATH_INFO", ""))
+        if verb is None or environ.get("REQUEST_METHOD") != "POST":
+            return self.flask(environ, start_response)
+        started = time.perf_counter()
+        status, body, outcome = self._face.answer(verb, environ)
+        self._face.count_verb(verb, status, outcome, started)
+        headers = [("Content-Type", _JSON), ("Content-Length", str(len(body)))]
+        start_response(_STATUS_LINES.get(status) or _status_line(status), headers)
+        return [body]
+
+
+def _status_line(status: int) -> str:
+    """As werkzeug writes it."""
+    return f"{status} {HTTP_STATUS_CODES.get(status, 'unknown').upper()}"
+
+
+_STATUS_LINES = {status: _status_line(status) for status in (200, 400, 408, 413, 500, 503)}
 
 
 class _VerbResponse(Response):
@@ -74,43 +117,89 @@ class _VerbResponse(Response):
 
 
 class _Face:
-    def __init__(self, extender: Extender, ledger: Ledger, metrics: Metrics) -> None:
+    def __init__(
+        self, extender: Extender, ledger: Ledger, metrics: Metrics, config: Mapping[str, Any]
+    ) -> None:
         self._extender = extender
         self._ledger = ledger
         self._metrics = metrics
+        self._config = config
+        self._verbs: dict[str, Callable[[bytes], Reply]] = {
+            "filter": lambda body: extender.filter(wire.decode_extender_args(body)),
+            "prioritize": lambda body: extender.prioritize(wire.decode_extender_args(body)),
+            "preempt": lambda body: extender.preempt(wire.decode_preemption_args(body)),
+            "bind": lambda body: extender.bind(wire.decode_binding_args(body)),
+        }
+        # Metric children by label values, made on first use as `labels()` makes them,
+        # without its lock on every request.
+        self._latency: dict[str, Histogram] = {}
+        self._requests: dict[tuple[str, str], Counter] = {}
 
-    def filter(self) -> Response:
-        return self._answer(self._extender.filter(wire.decode_extender_args(_read_body())))
+    def answer(self, verb: str, environ: WSGIEnvironment) -> tuple[int, bytes, str]:
+        """A POST to `verb`: its status, body and outcome label ("" when it did not reach
+        the verb, and is counted by its status)."""
+        # Only POSTs to the verb's own route come here: its path is the route's.
+        path = _ROUTES[verb]
+        try:
+            body = _read_body(environ, self._config.get("MAX_CONTENT_LENGTH"))
+            return self._reply(self._verbs[verb](body))
+        except BadRequest as exc:
+            return 400, _bad_request_body(exc, path), ""
+        except HTTPException as exc:
+            code, body = _http_error_body(exc, "POST", path)
+            return code, body, ""
+        except Exception as exc:
+            return 500, _internal_error_body(exc, "POST", path), ""
 
-    def prioritize(self) -> Response:
-        return self._answer(self._extender.prioritize(wire.decode_extender_args(_read_body())))
-
-    def preempt(self) -> Response:
-        return self._answer(self._extender.preempt(wire.decode_preemption_args(_read_body())))
-
-    def bind(self) -> Response:
-        return self._answer(self._extender.bind(wire.decode_binding_args(_read_body())))
-
-    def _answer(self, reply: Reply) -> Response:
+    def _reply(self, reply: Reply) -> tuple[int, bytes, str]:
         outcome = reply.outcome
+        # Both written first: a request nested too deeply to be written back or logged
+        # is refused (`BadRequest`) before it is counted.
+        body = wire.encode(reply.body)
+        line = None
+        if outcome.decision is not None and decisions.isEnabledFor(logging.INFO):
+            try:
+                line = _decision_json(outcome.decision)
+            except RecursionError:
+                raise BadRequest("JSON nested too deeply") from None
         for reason, count in outcome.rejections.items():
             self._metrics.rejections.labels(reason).inc(count)
         for verdict, count in outcome.verdicts.items():
             self._metrics.preempt_nodes.labels(verdict).inc(count)
-        if outcome.decision is not None:
-            decisions.info(json.dumps(outcome.decision, separators=(",", ":"), sort_keys=False))
+        if line is not None:
+            decisions.info(line)
         status = 503 if outcome.label == NOT_SYNCED else 200
-        response = _VerbResponse(wire.encode(reply.body), status, mimetype="application/json")
-        response.outcome = outcome.label
-        return response
+        return status, body, outcome.label
+
+    def count_verb(self, verb: str, status: int, outcome: str, started: float) -> None:
+        latency = self._latency.get(verb)
+        if latency is None:
+            latency = self._latency.setdefault(verb, self._metrics.latency.labels(verb))
+        latency.observe(time.perf_counter() - started)
+        key = (verb, outcome or _STATUS_OUTCOMES.get(status, "error"))
+        requests = self._requests.get(key)
+        if requests is None:
+            requests = self._requests.setdefault(key, self._metrics.requests.labels(*key))
+        requests.inc()
+
+    def view(self, verb: str) -> Callable[[], Response]:
+        """The Flask route of `verb`: the same answer as `_SchedulerRoutes` gives."""
+
+        def route() -> Response:
+            status, body, outcome = self.answer(verb, request.environ)
+            response = _VerbResponse(body, status, mimetype=_JSON)
+            response.outcome = outcome
+            return response
+
+        return route
 
     def count(self, response: Response) -> Response:
+        """Flask's after-request hook: the verbs' requests that Flask answered (another
+        method than POST: 405)."""
         verb = routes.VERBS.get(request.path)
         if verb is not None:
-            self._metrics.latency.labels(verb).observe(time.perf_counter() - g.started)
             outcome = response.outcome if isinstance(response, _VerbResponse) else ""
-            outcome = outcome or _STATUS_OUTCOMES.get(response.status_code, "error")
-            self._metrics.requests.labels(verb, outcome).inc()
+            self.count_verb(verb, response.status_code, outcome, g.started)
         return response
 
     def metrics(self) -> Response:
@@ -133,17 +222,20 @@ def _healthz() -> Response:
     return _json({"status": "ok"})
 
 
-def _read_body() -> bytes:
+def _read_body(environ: WSGIEnvironment, limit: int | None) -> bytes:
     """The whole body; 413 when it is larger than the limit, even without Content-Length.
 
     werkzeug enforces the limit only through the declared Content-Length: a chunked body
     is silently cut at the limit, and the cut could even parse as JSON."""
-    limit = current_app.config.get("MAX_CONTENT_LENGTH")
+    length = get_content_length(
+        environ.get("CONTENT_LENGTH"), environ.get("HTTP_TRANSFER_ENCODING")
+    )
     try:
-        if limit is None or request.content_length is not None:
-            return request.get_data(cache=False)  # werkzeug refuses a large declared size
+        if limit is None or length is not None:
+            # As Flask's request.get_data(): refuses a declared size over the limit.
+            return get_input_stream(environ, max_content_length=limit).read()
         # Chunked: read the server's own (terminated) stream, one byte past the limit.
-        data = request.environ["wsgi.input"].read(limit + 1)
+        data = environ["wsgi.input"].read(limit + 1)
     except OSError as exc:  # the client stalled past the server's read deadline
         raise RequestTimeout(f"the request body did not arrive in time: {exc}") from None
     if len(data) > limit:
@@ -151,22 +243,39 @@ def _read_body() -> bytes:
     return bytes(data)
 
 
+def _bad_request_body(exc: BadRequest, path: str) -> bytes:
+    log.info("bad request to %s: %s", path, exc)
+    return wire.encode(wire.error_result(f"bad request: {exc}"))
+
+
+def _http_error_body(exc: HTTPException, method: str, path: str) -> tuple[int, bytes]:
+    code = exc.code or 500
+    if code >= 400:
+        log.info("%s %s -> %d", method, path, code)
+    return code, wire.encode(wire.error_result(f"{code} {exc.name}: {exc.description}"))
+
+
+def _internal_error_body(exc: Exception, method: str, path: str) -> bytes:
+    log.exception("internal error on %s %s", method, path)
+    return wire.encode(wire.error_result(f"internal error: {type(exc).__name__}: {exc}"))
+
+
 def _bad_request(exc: BadRequest) -> Response:
-    log.info("bad request to %s: %s", request.path, exc)
-    return _json(wire.error_result(f"bad request: {exc}"), 400)
+    return _json_body(_bad_request_body(exc, request.path), 400)
 
 
 def _http_error(exc: HTTPException) -> Response:
-    code = exc.code or 500
-    if code >= 400:
-        log.info("%s %s -> %d", request.method, request.path, code)
-    return _json(wire.error_result(f"{code} {exc.name}: {exc.description}"), code)
+    code, body = _http_error_body(exc, request.method, request.path)
+    return _json_body(body, code)
 
 
 def _internal_error(exc: Exception) -> Response:
-    log.exception("internal error on %s %s", request.method, request.path)
-    return _json(wire.error_result(f"internal error: {type(exc).__name__}: {exc}"), 500)
+    return _json_body(_internal_error_body(exc, request.method, request.path), 500)
 
 
 def _json(body: object, status: int = 200) -> Response:
-    return Response(wire.encode(body), status, mimetype="application/json")
+    return _json_body(wire.encode(body), status)
+
+
+def _json_body(body: bytes, status: int) -> Response:
+    return Response(body, status, mimetype=_JSON)

@@ -3,17 +3,26 @@
 As kube-scheduler speaks it: top-level keys are Go field names, read case-insensitively and
 always written with their exact capitalisation. Decoding is strict, and everything it
 refuses raises `BadRequest` with a message naming the problem (answered with 400): JSON
-that is not valid (NaN, Infinity, numbers out of range, nesting too deep), a body that is
-not an object, or a field of the wrong type.
+that is not valid (NaN, Infinity, numbers out of range, nesting too deep, a body that is
+not UTF-8, a string holding a lone UTF-16 surrogate), a body that is not an object, or a
+field of the wrong type.
+
+Bodies are parsed by orjson, in C, and replies written by it; the stdlib's `json` reads
+and writes the few documents orjson cannot hold exactly (integers beyond 64 bits, which
+orjson reads as floats; replies nested deeper than its 254 levels), and re-reads every
+body orjson refuses, so that a refusal says what it always said.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from gas.core.model import as_mapping
 from gas.core.preemption import Victim
@@ -90,15 +99,108 @@ def decode_binding_args(body: bytes) -> BindingArgs:
 
 def decode_object(body: bytes) -> dict[str, Any]:
     """The body as a JSON object with lower-cased top-level keys."""
-    try:
-        value = json.loads(body, parse_constant=_reject_constant, parse_float=_reject_huge_float)
-    except RecursionError:
-        raise BadRequest("JSON nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"body is not valid JSON: {exc}") from None
+    value = _parse(body)
     if not isinstance(value, dict):
         raise BadRequest("body must be a JSON object")
     return _fold(value)
+
+
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def _parse(body: bytes) -> Any:
+    if body.startswith(_UTF8_BOM):
+        body = body[3:]  # RFC 8259 lets a parser ignore it, and gas always has
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return _parse_refused(body)
+    if _may_hold_long_integer(value):
+        return _parse_exactly(body.decode("utf-8"))
+    return value
+
+
+# orjson reads an integer literal beyond 64 bits (20 digits, or 19 after a minus sign) as
+# a float of at least this magnitude; the stdlib reads it exactly, as Go would refuse it.
+_LONG_INTEGER = 1e18
+# A list this long is passed over in C when it holds only strings (NodeNames).
+_STRINGS_CHECKED_IN_C = 16
+
+
+def _may_hold_long_integer(value: Any) -> bool:
+    """Whether orjson's `value` holds a float that may stand for a long integer literal.
+
+    Pods and nodes hold no float at all: this looks once at each of their values, and
+    passes over a long list of strings (NodeNames) in one C-level `str.join`."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is dict:
+            stack.extend(item.values())
+        elif kind is list:
+            if len(item) > _STRINGS_CHECKED_IN_C and _all_strings(item):
+                continue
+            stack.extend(item)
+        elif kind is float and not -_LONG_INTEGER < item < _LONG_INTEGER:
+            return True
+    return False
+
+
+def _all_strings(items: list[Any]) -> bool:
+    try:
+        "".join(items)
+    except TypeError:
+        return False
+    return True
+
+
+def _parse_refused(body: bytes) -> Any:
+    """A body orjson refused, read again by the stdlib: its refusal, worded as gas always
+    worded it, or the document when only orjson refuses it (an integer beyond a double's
+    range, which the stdlib reads exactly) and it holds no lone surrogate."""
+    try:
+        text = body.decode("utf-8")  # strict: no UTF-16 or UTF-32, no encoded surrogates
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from None
+    value = _parse_exactly(text)
+    if _SURROGATE_ESCAPE.search(text) and _holds_lone_surrogate(value):
+        raise BadRequest("body is not valid JSON: a string holds a lone UTF-16 surrogate")
+    return value
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+
+
+def _parse_exactly(text: str) -> Any:
+    """The stdlib's reading: integers of any length (up to Python's 4300 digits)."""
+    try:
+        return _STDLIB.decode(text)
+    except RecursionError:
+        raise BadRequest("JSON nested too deeply") from None
+    except ValueError as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from None
+
+
+def _holds_lone_surrogate(value: Any) -> bool:
+    """Whether a string (key or value) holds half a surrogate pair: the stdlib reads
+    `"\\ud800"` as one, and such a name could not be written back as UTF-8."""
+    strings: list[str] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            strings.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            strings.append(item)
+    try:
+        "".join(strings).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def pod_uid(pod: Mapping[str, Any]) -> str | None:
@@ -121,6 +223,9 @@ def _reject_huge_float(text: str) -> float:
     if math.isinf(number):
         raise ValueError(f"number {text[:40]} is out of range")
     return number
+
+
+_STDLIB = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_reject_huge_float)
 
 
 def _pod_args(body: bytes, what: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -146,10 +251,11 @@ def _candidate_nodes(args: Mapping[str, Any]) -> tuple[list[str], list[dict[str,
     """Names of the nodes to judge, and the Node objects when the scheduler sent them."""
     names = args.get("nodenames")
     if names is not None:
-        # set(map(type, ...)) runs in C: NodeNames may list thousands of nodes.
-        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
+        # Both checks run in C: NodeNames may list thousands of nodes.
+        if not isinstance(names, list) or not _all_strings(names):
             raise BadRequest("ExtenderArgs.NodeNames must be a list of strings")
-        return list(dict.fromkeys(names)), None
+        seen = dict.fromkeys(names)
+        return (names if len(seen) == len(names) else list(seen)), None
     nodes = args.get("nodes")
     if nodes is not None:
         items = nodes.get("items") if isinstance(nodes, dict) else None
@@ -266,8 +372,19 @@ def error_result(message: str) -> dict[str, Any]:
     return {"Error": clean(message)}
 
 
-def encode(body: Any) -> str:
-    return json.dumps(body, separators=(",", ":"))
+def encode(body: Any) -> bytes:
+    """`body` as compact JSON, UTF-8.
+
+    Raises `BadRequest` for a body nested too deeply to be written, which only a request
+    can make so (the Node objects a filter returns as they were sent)."""
+    try:
+        return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError:
+        pass  # beyond orjson: nesting over 254 levels, integers beyond 64 bits
+    try:
+        return json.dumps(body, separators=(",", ":")).encode()
+    except RecursionError:
+        raise BadRequest("JSON nested too deeply") from None
 
 
 def clean(message: str) -> str:

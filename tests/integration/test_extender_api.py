@@ -103,6 +103,25 @@ def test_filter_with_full_nodes_returns_them_unchanged(
     assert "memory.max" in reply["FailedAndUnresolvableNodes"]["two-cards"]
 
 
+def test_full_nodes_come_back_exactly_even_where_orjson_cannot_carry_them(
+    server: GasProcess, cluster: ApiServerDouble
+) -> None:
+    """Integers beyond 64 bits (orjson reads them as floats) and nesting beyond the 254
+    levels orjson writes: gas reads and writes those with the stdlib."""
+    node = cluster.get_node("two-cards")
+    deep: Any = []
+    for _ in range(600):
+        deep = [deep]
+    node["metadata"]["annotations"] = {"note": "名前"}
+    node["extra"] = {"big": 2**70, "negative": -(2**64), "deep": deep}
+    body = {"Pod": pod_body("p"), "Nodes": {"metadata": {}, "items": [node]}}
+    response = server.post("/scheduler/filter", body)
+    assert response.status_code == 200
+    (echoed,) = json.loads(response.content)["Nodes"]["items"]
+    assert echoed == node
+    assert b"%d" % 2**70 in response.content
+
+
 def test_filter_rejects_init_container_gpu_requests_clearly(server: GasProcess) -> None:
     pod = pod_body("p")
     pod["spec"]["initContainers"] = [container("setup", i915="1")]
@@ -147,6 +166,10 @@ def test_filter_rejects_bad_quantities_with_a_reason(
         (b'{"Pod": {}}', "neither NodeNames nor Nodes"),
         (b'{"Pod": {}, "NodeNames": [NaN]}', "not valid JSON"),
         (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        # JSON on the wire is UTF-8: the stdlib decoder gas used once guessed UTF-16 and
+        # read lone surrogates into names that could not be written back.
+        ('{"Pod": {}, "NodeNames": ["a"]}'.encode("utf-16"), "not valid JSON"),
+        (b'{"Pod": {}, "NodeNames": ["\\ud800"]}', "lone UTF-16 surrogate"),
     ],
 )
 def test_malformed_filter_requests_get_400_with_a_reason(
