@@ -8,7 +8,8 @@ Through the real stack (mutual TLS, gunicorn with gas's own worker, one kept-ali
 connection, latencies read at the client and the worker's CPU time per request):
 
 - the floor: a bare WSGI callable, then a one-line Flask route, both served by
-  `gas.serving.server.serve` exactly as gas is (what gunicorn and TLS cost, then Flask);
+  `gas.serving.server.serve` exactly as gas is (what gunicorn and TLS cost, then Flask),
+  and the bare callable under gunicorn's stock gthread worker (what gas's worker adds);
 - `gas serve --demo`: `/healthz`, a filter of no node (decode, service, encode, metrics,
   decision log on an empty list), and filters of 100 and 1,000 nodes (`NodeNames` mode,
   one pod shape, then pods cycling through more shapes than gas keeps answers for).
@@ -88,8 +89,13 @@ def bare_app() -> Any:
     return app
 
 
-def serve_bare(port: int, tls: TLSFiles) -> None:
-    from gas.serving.server import ServerSettings, serve
+def serve_bare(port: int, tls: TLSFiles, stock: bool) -> None:
+    """The bare app served by `gas.serving.server.serve`, or, `stock`, with the same
+    settings by gunicorn's own gthread worker (without gas's collection of a whole request
+    before a thread takes it)."""
+    from gunicorn.app.base import BaseApplication  # type: ignore[import-untyped]
+
+    from gas.serving.server import ServerSettings, build_options, serve
 
     settings = ServerSettings(
         host="127.0.0.1",
@@ -99,15 +105,29 @@ def serve_bare(port: int, tls: TLSFiles) -> None:
         cafile=tls.ca,
         log_level="warning",
     )
-    serve(bare_app, settings)
+    if not stock:
+        serve(bare_app, settings)
+
+    class Stock(BaseApplication):  # type: ignore[misc]
+        def load_config(self) -> None:
+            for key, value in build_options(settings).items():
+                self.cfg.set(key, value)
+            self.cfg.set("worker_class", "gthread")
+
+        def load(self) -> Any:
+            return bare_app()
+
+    Stock().run()
 
 
 @contextmanager
-def bare_server(tls: TLSFiles) -> Iterator[tuple[int, int]]:
-    """(port, worker pid) of the bare app served as gas is, in its own process."""
+def bare_server(tls: TLSFiles, stock: bool = False) -> Iterator[tuple[int, int]]:
+    """(port, worker pid) of the bare app served as gas is (or by stock gthread), in its
+    own process."""
     port = free_port()
     command = [sys.executable, "-m", "benchmarks.overhead", "--serve-bare", str(port)]
     command += [tls.ca, tls.server_cert, tls.server_key, tls.client_cert, tls.client_key]
+    command += ["--stock"] if stock else []
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
@@ -220,6 +240,12 @@ def http_figures(
             figures.append(timed_requests(name, client, meter, requests))
         posts = [("POST", RAW_PATH, body) for _, _, body in filters(100)]
         figures.append(timed_requests("bare WSGI, POST of a 100-node filter", client, meter, posts))
+        client.close()
+    with bare_server(tls, stock=True) as (port, worker):
+        client = OneWriteClient(port, tls)
+        requests = [("GET", RAW_PATH, None)] * (rounds + 1)
+        name = "bare WSGI, stock gthread worker"
+        figures.append(timed_requests(name, client, CpuMeter(worker), requests))
         client.close()
 
     with gas_server(cluster, directory, tls) as server:
@@ -392,10 +418,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1000, help="requests per figure")
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--serve-bare", nargs=6, metavar="ARG", help=argparse.SUPPRESS)
+    parser.add_argument("--stock", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_bare:
         port, *files = args.serve_bare
-        serve_bare(int(port), TLSFiles(*files))
+        serve_bare(int(port), TLSFiles(*files), args.stock)
         return 0
     rounds = 30 if args.quick else args.rounds
     nodes, sizes, wire_nodes = (200, [100], 500) if args.quick else (1000, [100, 1000], 5000)
