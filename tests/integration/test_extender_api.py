@@ -109,6 +109,7 @@ def test_full_nodes_come_back_exactly_even_where_orjson_cannot_carry_them(
     """Integers beyond 64 bits (orjson reads them as floats) and nesting beyond the 254
     levels orjson writes: gas reads and writes those with the stdlib."""
     node = cluster.get_node("two-cards")
+    assert node is not None
     deep: Any = []
     for _ in range(600):
         deep = [deep]
