@@ -19,14 +19,13 @@ import signal
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from gas.node import discovery
 from gas.node.cards import Card
 from gas.node.devices import DEFAULT_SHARES_PER_CARD, MAX_SHARES_PER_CARD, cards_by_resource
 from gas.node.errors import NodeError
 from gas.node.handout import HandoutWriter
-from gas.node.kubeapi import core_api
+from gas.node.kubeapi import NodeCoreApi, core_api
 from gas.node.matcher import PodMatcher
 from gas.node.metrics import NodeMetrics
 from gas.node.plugin import DevicePlugin, Reporter
@@ -140,7 +139,9 @@ class Plugins:
             plugin.set_cards(every, gone)
 
 
-def _publisher(core: Any, node: str, shares: int, numa: bool) -> Callable[[list[Card]], bool]:
+def _publisher(
+    core: NodeCoreApi, node: str, shares: int, numa: bool
+) -> Callable[[list[Card]], bool]:
     """The node labels and capacity writer."""
     return NodePublisher(core, node, shares_per_card=shares, numa=numa).publish
 

@@ -21,7 +21,7 @@ from typing import Any
 from gas.core.model import TILES
 from gas.core.quantity import QuantityError, parse_quantity
 from gas.node.cards import Card
-from gas.node.kubeapi import merge_patch, read_node
+from gas.node.kubeapi import NodeCoreApi, merge_patch, read_node
 
 MEMORY = "gpu.intel.com/memory.max"
 MILLICORES = "gpu.intel.com/millicores"
@@ -89,14 +89,16 @@ def capacity_changes(
     return changes
 
 
-def patch_capacity(api: Any, node: str, changes: Mapping[str, str | None]) -> None:
+def patch_capacity(api: NodeCoreApi, node: str, changes: Mapping[str, str | None]) -> None:
     """One merge patch of `nodes/<node>/status` with only these keys of `capacity`; no call
     when there is nothing to change."""
     if changes:
         merge_patch(api.patch_node_status, node, {"status": {"capacity": dict(changes)}})
 
 
-def apply_capacity(api: Any, node: str, desired: Mapping[str, str]) -> dict[str, str | None]:
+def apply_capacity(
+    api: NodeCoreApi, node: str, desired: Mapping[str, str]
+) -> dict[str, str | None]:
     """Bring the node's owned capacity keys to `desired`; returns the changes made."""
     changes = capacity_changes(capacity_of(read_node(api, node)), desired)
     patch_capacity(api, node, changes)

@@ -3,7 +3,7 @@ annotation, Events.
 
 Every pod and Event call of `gas node` goes through `NodeApi`, so its RBAC (get, list and
 watch `pods` on this node, patch `pods`, create `events`) can be read off this module.
-Objects are read as plain JSON (`_preload_content=False`), the shape the pure code reads.
+Objects are read as plain JSON, the shape the pure code reads (`gas.node.kubeapi`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gas.node.kubeapi import NodeCoreApi
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +42,7 @@ class Rejected(Exception):
     """The API server refused the call for good (say 403): retrying would not help."""
 
 
-def _fail(exc: client.ApiException, what: str) -> Exception:
+def _fail(exc: ApiException, what: str) -> Exception:
     status = exc.status or 0
     message = f"{what}: {status} {exc.reason}"
     if status in (404, 409, 410, 422) and what.startswith("patch"):
@@ -54,8 +56,8 @@ def _fail(exc: client.ApiException, what: str) -> Exception:
 class NodeApi:
     """The calls of one `gas node`, all about pods on `node`."""
 
-    def __init__(self, core: Any, node: str) -> None:
-        """`core`: a kubernetes CoreV1Api (`gas.node.kubeapi.core_api`)."""
+    def __init__(self, core: NodeCoreApi, node: str) -> None:
+        """`core`: the client (`gas.node.kubeapi.core_api`)."""
         self.node = node
         self._core = core
         self._selector = f"spec.nodeName={node}"
@@ -63,12 +65,10 @@ class NodeApi:
     def list_pods(self) -> tuple[list[dict[str, Any]], str]:
         """Every pod bound to this node, and the list's resourceVersion."""
         try:
-            response: Any = self._core.list_pod_for_all_namespaces(
-                field_selector=self._selector,
-                _preload_content=False,
-                _request_timeout=LIST_TIMEOUT,
+            response = self._core.list_pod_for_all_namespaces(
+                field_selector=self._selector, _request_timeout=LIST_TIMEOUT
             )
-        except client.ApiException as exc:
+        except ApiException as exc:
             raise _fail(exc, "list pods") from exc
         body = json.loads(response.data)
         return list(body.get("items") or []), str(body["metadata"]["resourceVersion"])
@@ -76,16 +76,15 @@ class NodeApi:
     def watch_pods(self, version: str) -> Iterator[dict[str, Any]]:
         """Watch events (`type`, `object`) of this node's pods from `version`."""
         try:
-            response: Any = self._core.list_pod_for_all_namespaces(
+            response = self._core.list_pod_for_all_namespaces(
                 field_selector=self._selector,
                 watch=True,
                 resource_version=version,
                 allow_watch_bookmarks=True,
                 timeout_seconds=WATCH_SECONDS,
-                _preload_content=False,
                 _request_timeout=(5, WATCH_SECONDS + 30),
             )
-        except client.ApiException as exc:
+        except ApiException as exc:
             raise _fail(exc, "watch pods") from exc
         try:
             for line in response:
@@ -97,10 +96,10 @@ class NodeApi:
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            response: Any = self._core.read_namespaced_pod(
-                name, namespace, _preload_content=False, _request_timeout=CALL_TIMEOUT
+            response = self._core.read_namespaced_pod(
+                name, namespace, _request_timeout=CALL_TIMEOUT
             )
-        except client.ApiException as exc:
+        except ApiException as exc:
             if exc.status == 404:
                 return None
             raise _fail(exc, "get pod") from exc
@@ -113,27 +112,23 @@ class NodeApi:
         """A JSON merge patch of one annotation, guarded by the pod's UID."""
         patch = {"metadata": {"uid": uid, "annotations": {key: value}}}
         try:
-            response: Any = self._core.patch_namespaced_pod(
-                name,
-                namespace,
-                patch,
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
-                _request_timeout=CALL_TIMEOUT,
+            response = self._core.patch_namespaced_pod(
+                name, namespace, patch, _content_type=MERGE_PATCH, _request_timeout=CALL_TIMEOUT
             )
-        except client.ApiException as exc:
+        except ApiException as exc:
             raise _fail(exc, f"patch pod {namespace}/{name}") from exc
         response.drain_conn()
         response.release_conn()
 
     def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
-        body: Any = client.CoreV1Event.from_dict(dict(event))
         try:
-            self._core.create_namespaced_event(
-                namespace, body, _preload_content=False, _request_timeout=CALL_TIMEOUT
+            response = self._core.create_namespaced_event(
+                namespace, event, _request_timeout=CALL_TIMEOUT
             )
-        except client.ApiException as exc:
+        except ApiException as exc:
             raise _fail(exc, "create event") from exc
+        response.drain_conn()
+        response.release_conn()
 
 
 def event_body(
