@@ -652,8 +652,10 @@ def test_node_daemonset_runs_gas_node_with_what_it_needs() -> None:
     assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
     (agent,) = pod["containers"]
     assert agent["args"][0] == "node"
-    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in agent["env"]}
-    assert env == {"NODE_NAME": "spec.nodeName"}
+    env = {
+        e["name"]: e.get("value") or e["valueFrom"]["fieldRef"]["fieldPath"] for e in agent["env"]
+    }
+    assert env == {"NODE_NAME": "spec.nodeName", "MALLOC_ARENA_MAX": "2"}
     requests = agent["resources"]["requests"]
     assert requests["cpu"] and requests["memory"] and agent["resources"]["limits"]["memory"]
 
