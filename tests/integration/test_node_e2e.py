@@ -328,6 +328,12 @@ def test_an_agent_killed_while_pods_flow_hands_out_no_wrong_card(
     pending = [(name, scheduler.schedule("default", name)) for name in first]
     wait_for(lambda: len(rig.kubelet.admissions) >= 3, what="the first admissions")
     rig.agent.stop(signal.SIGKILL)
+    # Until the kubelet has seen the stream end, its old endpoint still looks healthy, and
+    # wait_registered below could return on it rather than on the new registration.
+    wait_for(
+        lambda: not all(rig.kubelet.devices("gpu.intel.com/i915").values()),
+        what="the kubelet to see the plugin gone",
+    )
     rig.agent.start()
     bound = {name for name, future in pending if future.result(timeout=30).bound}
     rig.wait_registered()
