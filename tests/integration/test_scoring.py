@@ -27,6 +27,7 @@ from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.ledger_checks import ledger_of, wait_for_nodes
 from tests.support.objects import MEM, MILLI, G, card_node, container, gpu_node, gpu_pod
 from tests.support.polling import wait_for
+from tests.support.promtext import metric
 from tests.support.scheduler import SchedulerEmulator
 
 BINPACK = Policy(placement="binpack")
@@ -354,16 +355,6 @@ def apiserver_uid(apiserver: ApiServerDouble, name: str) -> str:
 
 def wait_for_held(gas: GasProcess) -> None:
     wait_for(lambda: ledger_of(gas)["usage"], what="held pod in the ledger")
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    for line in text.splitlines():
-        if not line.startswith(name + "{") and not line.startswith(name + " "):
-            continue
-        found = dict(re.findall(r'(\w+)="([^"]*)"', line.rsplit(" ", 1)[0]))
-        if all(found.get(k) == v for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    raise KeyError(f"{name} {labels} not in metrics")
 
 
 # ---------------------------------------------------------------- the emulator end to end
