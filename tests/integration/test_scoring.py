@@ -212,17 +212,20 @@ def test_placeable_counts_on_a_known_cluster() -> None:
     assert placeable(b, {}, POD_SIZES[0], node_blocked=True) == 0
 
 
+def held_pod() -> dict[str, Any]:
+    """A running pod on node-a's card0: one i915 slot, 4 GiB."""
+    return gpu_pod(
+        "held",
+        container(i915="1", memory_max=str(4 * G)),
+        node="node-a",
+        annotations={"gas-container-cards": "card0", "gas-ts": "1"},
+        phase="Running",
+    )
+
+
 def test_inspect_reports_placeable_pods() -> None:
     nodes = [gpu_node("node-a", "0.1", i915="8", memory_max=str(16 * G))]
-    pods = [
-        gpu_pod(
-            "held",
-            container(i915="1", memory_max=str(4 * G)),
-            node="node-a",
-            annotations={"gas-container-cards": "card0", "gas-ts": "1"},
-            phase="Running",
-        )
-    ]
+    pods = [held_pod()]
     pods[0]["metadata"]["uid"] = "uid-held"
     report = build_report(nodes, pods, placeable=True)
     data = report_json(report)
@@ -254,15 +257,7 @@ def start_policy_gas(
 def two_nodes_one_busy(apiserver: ApiServerDouble) -> None:
     for name in ("node-a", "node-b"):
         apiserver.add_node(gpu_node(name, "0.1", i915="8", memory_max=str(16 * G)))
-    apiserver.add_pod(
-        gpu_pod(
-            "held",
-            container(i915="1", memory_max=str(4 * G)),
-            node="node-a",
-            annotations={"gas-container-cards": "card0", "gas-ts": "1"},
-            phase="Running",
-        )
-    )
+    apiserver.add_pod(held_pod())
 
 
 def scores(reply: Any) -> dict[str, int]:
