@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.apibind import ApiBindResult
+from benchmarks.harness import Latencies
 from benchmarks.scenario import QUEUE_SHAPES, ScenarioResult
 
 
@@ -21,20 +22,26 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return [_row(header), "|" + "---:|" * len(header), *map(_row, rows)]
 
 
+def _percentile_header(name: str) -> list[str]:
+    return [f"{name} p50 ms", f"{name} p99 ms"]
+
+
+def _percentile_cells(latencies: Latencies) -> list[str]:
+    """The cells under `_percentile_header`, in its order."""
+    return [fmt(latencies.p50_ms, 2), fmt(latencies.p99_ms, 2)]
+
+
 def scenario_table(results: Sequence[ScenarioResult]) -> list[str]:
     header = [
         "nodes",
         "cards",
         "pods",
         "occupancy",
-        "filter p50 ms",
-        "filter p99 ms",
+        *_percentile_header("filter"),
         "filter/s",
         "new-shape filter ms",
-        "bind p50 ms",
-        "bind p99 ms",
-        "lone bind p50 ms",
-        "lone bind p99 ms",
+        *_percentile_header("bind"),
+        *_percentile_header("lone bind"),
         "bind/s",
         "Nodes-mode filter p50 ms",
         "gas RSS MiB",
@@ -45,14 +52,11 @@ def scenario_table(results: Sequence[ScenarioResult]) -> list[str]:
             f"{r.cards:,}",
             f"{r.pods:,}",
             f"{r.occupancy:.0%}",
-            fmt(r.filter.p50_ms, 2),
-            fmt(r.filter.p99_ms, 2),
+            *_percentile_cells(r.filter),
             fmt(r.filter.rps, 0),
             fmt(r.new_shape.p50_ms, 1),
-            fmt(r.bind.p50_ms, 2),
-            fmt(r.bind.p99_ms, 2),
-            fmt(r.bind_alone.p50_ms, 2),
-            fmt(r.bind_alone.p99_ms, 2),
+            *_percentile_cells(r.bind),
+            *_percentile_cells(r.bind_alone),
             fmt(r.bind_burst.rps, 0),
             fmt(r.nodes_mode.p50_ms, 1),
             fmt(r.rss_mib, 0),
@@ -67,16 +71,12 @@ def workload_table(results: Sequence[ScenarioResult]) -> list[str]:
     header = [
         "nodes",
         "occupancy",
-        "1-shape p50 ms",
-        "1-shape p99 ms",
+        *_percentile_header("1-shape"),
         "1-shape CPU ms",
-        f"{many} p50 ms",
-        f"{many} p99 ms",
+        *_percentile_header(f"{many}"),
         f"{many} CPU ms",
-        "interleaved filter p50 ms",
-        "interleaved filter p99 ms",
-        "interleaved bind p50 ms",
-        "interleaved bind p99 ms",
+        *_percentile_header("interleaved filter"),
+        *_percentile_header("interleaved bind"),
         "interleaved CPU ms/pair",
         "lone bind CPU ms",
     ]
@@ -84,16 +84,12 @@ def workload_table(results: Sequence[ScenarioResult]) -> list[str]:
         [
             f"{r.nodes:,}",
             f"{r.occupancy:.0%}",
-            fmt(r.one_shape.filter.p50_ms, 2),
-            fmt(r.one_shape.filter.p99_ms, 2),
+            *_percentile_cells(r.one_shape.filter),
             fmt(r.one_shape.cpu.ms_per_request, 2),
-            fmt(r.many_shapes.filter.p50_ms, 2),
-            fmt(r.many_shapes.filter.p99_ms, 2),
+            *_percentile_cells(r.many_shapes.filter),
             fmt(r.many_shapes.cpu.ms_per_request, 2),
-            fmt(r.interleaved.filter.p50_ms, 2),
-            fmt(r.interleaved.filter.p99_ms, 2),
-            fmt(r.interleaved.bind.p50_ms, 2),
-            fmt(r.interleaved.bind.p99_ms, 2),
+            *_percentile_cells(r.interleaved.filter),
+            *_percentile_cells(r.interleaved.bind),
             fmt(r.interleaved.cpu.ms_per_request, 2),
             fmt(r.bind_alone_cpu.ms_per_request, 2),
         ]
@@ -107,14 +103,10 @@ def api_table(results: Sequence[ApiBindResult]) -> list[str]:
         "nodes",
         "pods",
         "binds",
-        "interleaved filter p50 ms",
-        "interleaved filter p99 ms",
-        "interleaved bind p50 ms",
-        "interleaved bind p99 ms",
-        "bind p50 ms",
-        "bind p99 ms",
-        "cold bind p50 ms",
-        "cold bind p99 ms",
+        *_percentile_header("interleaved filter"),
+        *_percentile_header("interleaved bind"),
+        *_percentile_header("bind"),
+        *_percentile_header("cold bind"),
         "CPU ms/pair",
         "CPU ms/bind",
         "CPU ms/cold bind",
@@ -131,14 +123,10 @@ def api_table(results: Sequence[ApiBindResult]) -> list[str]:
                 f"{r.nodes:,}",
                 f"{r.pods:,}",
                 f"{len(r.warm.bind.seconds):,}",
-                fmt(r.interleaved.filter.p50_ms, 2),
-                fmt(r.interleaved.filter.p99_ms, 2),
-                fmt(r.interleaved.bind.p50_ms, 2),
-                fmt(r.interleaved.bind.p99_ms, 2),
-                fmt(r.warm.bind.p50_ms, 2),
-                fmt(r.warm.bind.p99_ms, 2),
-                fmt(r.cold.bind.p50_ms, 2),
-                fmt(r.cold.bind.p99_ms, 2),
+                *_percentile_cells(r.interleaved.filter),
+                *_percentile_cells(r.interleaved.bind),
+                *_percentile_cells(r.warm.bind),
+                *_percentile_cells(r.cold.bind),
                 fmt(r.interleaved.cpu.ms_per_request, 2),
                 fmt(r.warm.cpu.ms_per_request, 2),
                 fmt(r.cold.cpu.ms_per_request, 2),

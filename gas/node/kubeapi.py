@@ -49,13 +49,8 @@ class NodeCoreApi:
         _content_type: str = MERGE_PATCH,
         _request_timeout: Timeout = None,
     ) -> BaseHTTPResponse:
-        return self._call(
-            "PATCH",
-            "/api/v1/nodes/{name}",
-            {"name": name},
-            body=body,
-            content_type=_content_type,
-            timeout=_request_timeout,
+        return self._patch(
+            "/api/v1/nodes/{name}", {"name": name}, body, _content_type, _request_timeout
         )
 
     def patch_node_status(
@@ -66,13 +61,8 @@ class NodeCoreApi:
         _content_type: str = MERGE_PATCH,
         _request_timeout: Timeout = None,
     ) -> BaseHTTPResponse:
-        return self._call(
-            "PATCH",
-            "/api/v1/nodes/{name}/status",
-            {"name": name},
-            body=body,
-            content_type=_content_type,
-            timeout=_request_timeout,
+        return self._patch(
+            "/api/v1/nodes/{name}/status", {"name": name}, body, _content_type, _request_timeout
         )
 
     def list_pod_for_all_namespaces(
@@ -113,13 +103,12 @@ class NodeCoreApi:
         _content_type: str = MERGE_PATCH,
         _request_timeout: Timeout = None,
     ) -> BaseHTTPResponse:
-        return self._call(
-            "PATCH",
+        return self._patch(
             "/api/v1/namespaces/{namespace}/pods/{name}",
             {"name": name, "namespace": namespace},
-            body=body,
-            content_type=_content_type,
-            timeout=_request_timeout,
+            body,
+            _content_type,
+            _request_timeout,
         )
 
     def create_namespaced_event(
@@ -132,6 +121,18 @@ class NodeCoreApi:
             body=body,
             content_type="application/json",
             timeout=_request_timeout,
+        )
+
+    def _patch(
+        self,
+        path: str,
+        path_params: Mapping[str, str],
+        body: Mapping[str, Any],
+        content_type: str,
+        timeout: Timeout,
+    ) -> BaseHTTPResponse:
+        return self._call(
+            "PATCH", path, path_params, body=body, content_type=content_type, timeout=timeout
         )
 
     def _call(

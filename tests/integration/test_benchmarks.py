@@ -6,13 +6,9 @@ belong to the benchmarks, not to the tests.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.benchrun import run_quick
 
 
 def tables(text: str) -> list[list[list[str]]]:
@@ -35,19 +31,8 @@ def number(cell: str) -> float:
 
 
 def test_quick_run_prints_every_table(tmp_path: Path) -> None:
-    figures = tmp_path / "figures.json"
-    env = dict(os.environ)
-    env.pop("KUBECONFIG", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--quick", "--json", str(figures)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = tables(done.stdout)
+    stdout, report = run_quick("benchmarks.run", tmp_path / "figures.json")
+    found = tables(stdout)
     headers = [table[0] for table in found]
     assert [h[:3] for h in headers] == [
         ["nodes", "cards", "pods"],
@@ -55,7 +40,7 @@ def test_quick_run_prints_every_table(tmp_path: Path) -> None:
         ["nodes", "pods", "binds"],
         ["nodes", "pods", "ready s"],
         ["observe_pod s", "replace_pods s", "total s"],
-    ], done.stdout
+    ], stdout
 
     http, workloads, api = found[:3]
     assert "filter p99 ms" in http[0] and "bind p99 ms" in http[0] and "bind/s" in http[0]
@@ -69,9 +54,8 @@ def test_quick_run_prints_every_table(tmp_path: Path) -> None:
             assert len(row) == len(table[0]), row
             for cell in row:
                 assert number(cell) >= 0, (table[0], row)
-    assert "calls/s" in done.stdout
+    assert "calls/s" in stdout
 
-    report = json.loads(figures.read_text())
     assert set(report) >= {
         "scenarios",
         "api_binds",

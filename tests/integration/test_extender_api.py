@@ -16,7 +16,7 @@ import requests
 
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles, free_port
-from tests.support.ledger_checks import ledger_of, wait_for_nodes
+from tests.support.ledger_checks import gas_serving, ledger_of
 from tests.support.objects import container, gpu_node, gpu_pod
 from tests.support.polling import wait_for
 
@@ -38,18 +38,10 @@ def server(
     cluster: ApiServerDouble, tls_files: TLSFiles, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GasProcess]:
     directory = tmp_path_factory.mktemp("gas-api")
-    kubeconfig = cluster.write_kubeconfig(directory / "kubeconfig")
-    process = GasProcess(
-        ["--kubeConfig", kubeconfig, "--maxRequestBytes", str(MAX_BODY)],
-        directory / "gas.log",
-        tls_files,
-    )
-    try:
-        process.wait_ready()
-        wait_for_nodes(process, "two-cards", "four-cards", "cpu-only")
+    args = ["--maxRequestBytes", str(MAX_BODY)]
+    nodes = ["two-cards", "four-cards", "cpu-only"]
+    with gas_serving(cluster, directory, tls_files, args, nodes) as process:
         yield process
-    finally:
-        process.stop()
 
 
 def pod_body(name: str, *containers: dict[str, Any], uid: str | None = None) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from gas.core.quantity import MAX_QUANTITY, QuantityError, parse_quantity
 from gas.serving.server import _DeadlineSocket, _request_complete
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles
-from tests.support.ledger_checks import ledger_of, wait_for_nodes
+from tests.support.ledger_checks import gas_serving, ledger_of
 from tests.support.objects import gpu_node, gpu_pod
 
 MAX_BODY = 256 * 1024
@@ -67,27 +67,16 @@ def server(
     cluster: ApiServerDouble, tls_files: TLSFiles, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GasProcess]:
     directory = tmp_path_factory.mktemp("gas-fuzz")
-    kubeconfig = cluster.write_kubeconfig(directory / "kubeconfig")
-    process = GasProcess(
-        [
-            "--kubeConfig",
-            kubeconfig,
-            "--maxRequestBytes",
-            str(MAX_BODY),
-            "--threads",
-            str(THREADS),
-            "--enableAllowlist",
-            "--enableDenylist",
-        ],
-        directory / "gas.log",
-        tls_files,
-    )
-    try:
-        process.wait_ready()
-        wait_for_nodes(process, *NODES)
+    args = [
+        "--maxRequestBytes",
+        str(MAX_BODY),
+        "--threads",
+        str(THREADS),
+        "--enableAllowlist",
+        "--enableDenylist",
+    ]
+    with gas_serving(cluster, directory, tls_files, args, NODES) as process:
         yield process
-    finally:
-        process.stop()
 
 
 def _strict_json(text: str) -> Any:

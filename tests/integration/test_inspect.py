@@ -628,14 +628,7 @@ def test_no_drift_from_a_real_gas_after_binds(
         apiserver.add_pod(pod)
         assert scheduler.schedule_now("default", pod["metadata"]["name"]).bound
     assert_consistent(gas, apiserver)
-    mtls = [
-        "--cacert",
-        tls_files.ca,
-        "--cert",
-        tls_files.client_cert,
-        "--key",
-        tls_files.client_key,
-    ]
+    mtls = tls_files.client_flags()
 
     status, out = inspect("--extender", gas.url, *mtls)
     assert status == 0, out

@@ -37,6 +37,7 @@ from gas.node.labels import (
 from gas.tools import label_node as labeler
 from gas.tools.label_node import discover_sysfs, parse_vendors, select_cards
 from tests.support.apiserver import ApiServerDouble
+from tests.support.fakesysfs import kernel_link, write_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,6 +50,8 @@ def valid_label_value(value: str) -> bool:
 
 
 # ---------------------------------------------------------------- fake sysfs trees
+# Not fakesysfs.write_sysfs: the labeler meets cards behind PCIe switches, on a second
+# root port, on USB and platform buses, which that tree does not lay out.
 
 
 @dataclass(frozen=True)
@@ -59,41 +62,27 @@ class FakeGpu:
     parent: str = "pci"  # "pci", "usb" (a display adapter on an Intel xHCI), "platform"
 
 
-def _link(link: Path, target: Path) -> None:
-    """A relative symlink as the kernel makes them: up to the common ancestor of the link's
-    and the target's directories, then down (`device -> ../../../0000:00:02.0`)."""
-    link.parent.mkdir(parents=True, exist_ok=True)
-    base = Path(os.path.commonpath([link.parent, target.parent]))
-    up = len(link.parent.relative_to(base).parts)
-    link.symlink_to("../" * up + str(target.relative_to(base)))
-
-
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
 def _pci_device(sysfs: Path, path: str, vendor: str, numa: str | None) -> Path:
     device = sysfs / "devices" / path
     if device.exists():  # a bridge shared by several cards
         return device
-    _write(device / "uevent", f"PCI_SLOT_NAME={device.name}\n")
-    _write(device / "vendor", f"{vendor}\n")
-    _write(device / "device", "0x56a0\n")
+    write_file(device / "uevent", f"PCI_SLOT_NAME={device.name}\n")
+    write_file(device / "vendor", f"{vendor}\n")
+    write_file(device / "device", "0x56a0\n")
     if numa is not None:
-        _write(device / "numa_node", f"{numa}\n")
-    _link(device / "subsystem", sysfs / "bus" / "pci")
-    _link(sysfs / "bus" / "pci" / "devices" / device.name, device)
+        write_file(device / "numa_node", f"{numa}\n")
+    kernel_link(device / "subsystem", sysfs / "bus" / "pci")
+    kernel_link(sysfs / "bus" / "pci" / "devices" / device.name, device)
     return device
 
 
 def _drm_device(sysfs: Path, parent: Path, name: str, inside: Path | None = None) -> Path:
     device = (inside or parent / "drm") / name
-    _write(device / "uevent", f"DEVNAME=dri/{name}\n")
-    _link(device / "subsystem", sysfs / "class" / "drm")
+    write_file(device / "uevent", f"DEVNAME=dri/{name}\n")
+    kernel_link(device / "subsystem", sysfs / "class" / "drm")
     if inside is None:
-        _link(device / "device", parent)
-    _link(sysfs / "class" / "drm" / name, device)
+        kernel_link(device / "device", parent)
+    kernel_link(sysfs / "class" / "drm" / name, device)
     return device
 
 
@@ -103,8 +92,8 @@ def build_sysfs(root: Path, gpus: list[FakeGpu]) -> Path:
     sysfs = root / "sys"
     (sysfs / "class" / "drm").mkdir(parents=True)
     (sysfs / "bus" / "pci" / "devices").mkdir(parents=True)
-    _write(sysfs / "devices" / "pci0000:00" / "uevent", "")
-    _write(sysfs / "devices" / "pci0000:80" / "uevent", "")
+    write_file(sysfs / "devices" / "pci0000:00" / "uevent", "")
+    write_file(sysfs / "devices" / "pci0000:80" / "uevent", "")
     for index, gpu in enumerate(gpus):
         root_port = "pci0000:80" if gpu.numa == "1" else "pci0000:00"
         bus = 0x80 if gpu.numa == "1" else 0
@@ -122,12 +111,12 @@ def build_sysfs(root: Path, gpus: list[FakeGpu]) -> Path:
         elif gpu.parent == "usb":
             xhci = _pci_device(sysfs, f"{root_port}/0000:{bus:02x}:14.0", "0x8086", gpu.numa)
             parent = xhci / "usb1" / "1-1" / "1-1:1.0"
-            _write(parent / "uevent", "")
-            _link(parent / "subsystem", sysfs / "bus" / "usb")
+            write_file(parent / "uevent", "")
+            kernel_link(parent / "subsystem", sysfs / "bus" / "usb")
         else:
             parent = sysfs / "devices" / "platform" / f"simple-framebuffer.{index}"
-            _write(parent / "uevent", "")
-            _link(parent / "subsystem", sysfs / "bus" / "platform")
+            write_file(parent / "uevent", "")
+            kernel_link(parent / "subsystem", sysfs / "bus" / "platform")
         card = _drm_device(sysfs, parent, f"card{gpu.number}")
         _drm_device(sysfs, parent, f"renderD{128 + gpu.number}")
         _drm_device(sysfs, parent, f"card{gpu.number}-DP-1", inside=card)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -12,17 +11,7 @@ from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.ledger_checks import wait_for_nodes
 from tests.support.objects import container, gpu_node, gpu_pod
 from tests.support.polling import wait_for
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    """The value of one sample in Prometheus text format."""
-    for line in text.splitlines():
-        if not line.startswith(name + "{") and not line.startswith(name + " "):
-            continue
-        found = dict(re.findall(r'(\w+)="([^"]*)"', line.rsplit(" ", 1)[0]))
-        if all(found.get(k) == v for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    raise KeyError(f"{name} {labels} not in metrics")
+from tests.support.promtext import metric
 
 
 def test_metrics_after_traffic(gas: GasProcess, apiserver: ApiServerDouble) -> None:

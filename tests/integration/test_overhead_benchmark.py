@@ -3,29 +3,13 @@ and figures. Only their shape is checked: figures depend on the machine."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.benchrun import run_quick
 
 
 def test_quick_overhead_run_prints_every_figure(tmp_path: Path) -> None:
-    figures = tmp_path / "overhead.json"
-    env = dict(os.environ)
-    env.pop("KUBECONFIG", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.overhead", "--quick", "--json", str(figures)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    record = json.loads(figures.read_text())
+    stdout, record = run_quick("benchmarks.overhead", tmp_path / "overhead.json")
     rows = {row["name"]: row for row in record["http"]}
     for name in (
         "bare WSGI",
@@ -40,7 +24,7 @@ def test_quick_overhead_run_prints_every_figure(tmp_path: Path) -> None:
         row = rows[name]
         assert 0 < row["p50_ms"] <= row["p99_ms"], name
         assert row["cpu_ms"] >= 0, name
-        assert f"| {name} |" in done.stdout
+        assert f"| {name} |" in stdout
     in_process = record["in_process_ms"]
     assert {"gas filter, 0 nodes, in process", "gas filter, 100 nodes, in process"} <= set(
         in_process

@@ -414,12 +414,7 @@ def test_gas_inspect_check_against_a_running_gas(
         kubeconfig,
         "--extender",
         gas.url,
-        "--cacert",
-        tls_files.ca,
-        "--cert",
-        tls_files.client_cert,
-        "--key",
-        tls_files.client_key,
+        *tls_files.client_flags(),
     ]
     assert main(args) == 0
     assert "Invariants hold" in capsys.readouterr().out

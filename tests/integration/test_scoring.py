@@ -27,6 +27,7 @@ from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.ledger_checks import ledger_of, wait_for_nodes
 from tests.support.objects import MEM, MILLI, G, card_node, container, gpu_node, gpu_pod
 from tests.support.polling import wait_for
+from tests.support.promtext import metric
 from tests.support.scheduler import SchedulerEmulator
 
 BINPACK = Policy(placement="binpack")
@@ -211,17 +212,20 @@ def test_placeable_counts_on_a_known_cluster() -> None:
     assert placeable(b, {}, POD_SIZES[0], node_blocked=True) == 0
 
 
+def held_pod() -> dict[str, Any]:
+    """A running pod on node-a's card0: one i915 slot, 4 GiB."""
+    return gpu_pod(
+        "held",
+        container(i915="1", memory_max=str(4 * G)),
+        node="node-a",
+        annotations={"gas-container-cards": "card0", "gas-ts": "1"},
+        phase="Running",
+    )
+
+
 def test_inspect_reports_placeable_pods() -> None:
     nodes = [gpu_node("node-a", "0.1", i915="8", memory_max=str(16 * G))]
-    pods = [
-        gpu_pod(
-            "held",
-            container(i915="1", memory_max=str(4 * G)),
-            node="node-a",
-            annotations={"gas-container-cards": "card0", "gas-ts": "1"},
-            phase="Running",
-        )
-    ]
+    pods = [held_pod()]
     pods[0]["metadata"]["uid"] = "uid-held"
     report = build_report(nodes, pods, placeable=True)
     data = report_json(report)
@@ -253,15 +257,7 @@ def start_policy_gas(
 def two_nodes_one_busy(apiserver: ApiServerDouble) -> None:
     for name in ("node-a", "node-b"):
         apiserver.add_node(gpu_node(name, "0.1", i915="8", memory_max=str(16 * G)))
-    apiserver.add_pod(
-        gpu_pod(
-            "held",
-            container(i915="1", memory_max=str(4 * G)),
-            node="node-a",
-            annotations={"gas-container-cards": "card0", "gas-ts": "1"},
-            phase="Running",
-        )
-    )
+    apiserver.add_pod(held_pod())
 
 
 def scores(reply: Any) -> dict[str, int]:
@@ -354,16 +350,6 @@ def apiserver_uid(apiserver: ApiServerDouble, name: str) -> str:
 
 def wait_for_held(gas: GasProcess) -> None:
     wait_for(lambda: ledger_of(gas)["usage"], what="held pod in the ledger")
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    for line in text.splitlines():
-        if not line.startswith(name + "{") and not line.startswith(name + " "):
-            continue
-        found = dict(re.findall(r'(\w+)="([^"]*)"', line.rsplit(" ", 1)[0]))
-        if all(found.get(k) == v for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    raise KeyError(f"{name} {labels} not in metrics")
 
 
 # ---------------------------------------------------------------- the emulator end to end

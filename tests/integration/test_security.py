@@ -26,7 +26,7 @@ from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles, child_pids, make_tls_files
 from tests.support.objects import gpu_node, gpu_pod
 from tests.support.polling import wait_for
-from tests.support.tlsprobe import local_handshake, permissive_server_context
+from tests.support.tlsprobe import client_context, local_handshake, permissive_server_context
 
 TOKEN = "gas-secret-token-3f9c1e7a0b5d4c2e8f61"
 
@@ -69,25 +69,15 @@ def _client_context(
     maximum: ssl.TLSVersion | None = None,
     ciphers: str | None = None,
 ) -> ssl.SSLContext:
-    """A client presenting the CA-signed client certificate, as kube-scheduler does."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    if verify:
-        ctx.load_verify_locations(files.ca)
-    else:
-        # A weak client need not check the server either: only what gas accepts matters.
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    ctx.load_cert_chain(files.client_cert, files.client_key)
-    with warnings.catch_warnings():
-        # TLSVersion.TLSv1 and TLSv1_1 are deprecated; offering them is the point here.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        if minimum is not None:
-            ctx.minimum_version = minimum
-        if maximum is not None:
-            ctx.maximum_version = maximum
-    if ciphers is not None:
-        ctx.set_ciphers(ciphers)
-    return ctx
+    """A client presenting the CA-signed client certificate, as kube-scheduler does. A weak
+    client (`verify=False`) need not check the server either: only what gas accepts matters."""
+    return client_context(
+        files.ca if verify else None,
+        (files.client_cert, files.client_key),
+        minimum=minimum,
+        maximum=maximum,
+        ciphers=ciphers,
+    )
 
 
 def _handshake_refused(port: int, ctx: ssl.SSLContext) -> bool:

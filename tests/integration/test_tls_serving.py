@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import requests
@@ -35,6 +35,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 import gas.serving.server
 from gas.serving import tls
 from gas.serving.server import ServerSettings, build_options, serve
+from tests.support import tlsprobe
 from tests.support.gasproc import child_pids
 from tests.support.tlsprobe import local_handshake, permissive_server_context
 
@@ -65,8 +66,7 @@ HAS_IPV6 = _ipv6_loopback()
 # ----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Pair:
+class Pair(NamedTuple):
     cert: str
     key: str
 
@@ -323,32 +323,10 @@ def mtls_server(module_launcher: Launcher, pki: PKI) -> Server:
 
 
 def client_context(
-    ca: str | None = None,
-    client: Pair | None = None,
-    *,
-    maximum: ssl.TLSVersion | None = None,
-    minimum: ssl.TLSVersion | None = None,
-    ciphers: str | None = None,
+    ca: str | None = None, client: Pair | None = None, **options: Any
 ) -> ssl.SSLContext:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    if ca is None:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    else:
-        ctx.load_verify_locations(ca)
-    if client is not None:
-        ctx.load_cert_chain(client.cert, client.key)
-    with warnings.catch_warnings():
-        # TLSVersion.TLSv1/TLSv1_1 are deprecated; using them is the point here.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        if minimum is not None:
-            ctx.minimum_version = minimum
-        if maximum is not None:
-            ctx.maximum_version = maximum
-    if ciphers is not None:
-        ctx.set_ciphers(ciphers)
-    ctx.set_alpn_protocols(["h2", "http/1.1"])
-    return ctx
+    """`tlsprobe.client_context` offering h2 and HTTP/1.1 by ALPN, as an HTTP client does."""
+    return tlsprobe.client_context(ca, client, alpn=("h2", "http/1.1"), **options)
 
 
 @dataclass

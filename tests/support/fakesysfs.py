@@ -54,7 +54,7 @@ class FakeCard:
         return f"renderD{128 + self.number if self.render_minor is None else self.render_minor}"
 
 
-def _link(link: Path, target: Path) -> None:
+def kernel_link(link: Path, target: Path) -> None:
     """A relative symlink as the kernel makes them: up to the common ancestor of the link's
     and the target's directories, then down (`device -> ../../../0000:03:00.0`)."""
     link.parent.mkdir(parents=True, exist_ok=True)
@@ -63,7 +63,7 @@ def _link(link: Path, target: Path) -> None:
     link.symlink_to("../" * up + str(target.relative_to(base)))
 
 
-def _write(path: Path, text: str) -> None:
+def write_file(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
 
@@ -74,10 +74,10 @@ def _pci_dir(sysfs: Path, card: FakeCard) -> Path:
 
 def _drm_entry(sysfs: Path, pci: Path, name: str) -> Path:
     device = pci / "drm" / name
-    _write(device / "uevent", f"DEVNAME=dri/{name}\n")
-    _link(device / "subsystem", sysfs / "class" / "drm")
-    _link(device / "device", pci)
-    _link(sysfs / "class" / "drm" / name, device)
+    write_file(device / "uevent", f"DEVNAME=dri/{name}\n")
+    kernel_link(device / "subsystem", sysfs / "class" / "drm")
+    kernel_link(device / "device", pci)
+    kernel_link(sysfs / "class" / "drm" / name, device)
     return device
 
 
@@ -86,34 +86,34 @@ def add_card(sysfs: Path, card: FakeCard) -> None:
     pci = _pci_dir(sysfs, card)
     if pci.exists():
         raise ValueError(f"{card.pci_address} is already in {sysfs}")
-    _write(pci / "uevent", f"PCI_SLOT_NAME={card.pci_address}\n")
-    _write(pci / "vendor", f"{card.vendor}\n")
-    _write(pci / "device", "0x56a0\n")
+    write_file(pci / "uevent", f"PCI_SLOT_NAME={card.pci_address}\n")
+    write_file(pci / "vendor", f"{card.vendor}\n")
+    write_file(pci / "device", "0x56a0\n")
     if card.numa is not None:
-        _write(pci / "numa_node", f"{card.numa}\n")
+        write_file(pci / "numa_node", f"{card.numa}\n")
     if card.sriov_numvfs is not None:
-        _write(pci / "sriov_totalvfs", "16\n")
-        _write(pci / "sriov_numvfs", f"{card.sriov_numvfs}\n")
-    _link(pci / "subsystem", sysfs / "bus" / "pci")
-    _link(sysfs / "bus" / "pci" / "devices" / card.pci_address, pci)
+        write_file(pci / "sriov_totalvfs", "16\n")
+        write_file(pci / "sriov_numvfs", f"{card.sriov_numvfs}\n")
+    kernel_link(pci / "subsystem", sysfs / "bus" / "pci")
+    kernel_link(sysfs / "bus" / "pci" / "devices" / card.pci_address, pci)
     if card.driver:
         drivers = sysfs / "bus" / "pci" / "drivers" / card.driver
         drivers.mkdir(parents=True, exist_ok=True)
-        _link(pci / "driver", drivers)
+        kernel_link(pci / "driver", drivers)
     drm = _drm_entry(sysfs, pci, f"card{card.number}")
     connector = drm / f"card{card.number}-DP-1"
-    _write(connector / "uevent", "")
-    _link(connector / "subsystem", sysfs / "class" / "drm")
-    _link(sysfs / "class" / "drm" / connector.name, connector)
+    write_file(connector / "uevent", "")
+    kernel_link(connector / "subsystem", sysfs / "class" / "drm")
+    kernel_link(sysfs / "class" / "drm" / connector.name, connector)
     if card.render_node is not None:
         _drm_entry(sysfs, pci, card.render_node)
     if card.lmem_per_tile is not None:
-        _write(drm / "lmem_total_bytes", f"{card.lmem_per_tile}\n")
+        write_file(drm / "lmem_total_bytes", f"{card.lmem_per_tile}\n")
     for tile in range(card.tiles):
         if card.driver == "xe":
-            _write(pci / f"tile{tile}" / "physical_vram_size_bytes", "0\n")
+            write_file(pci / f"tile{tile}" / "physical_vram_size_bytes", "0\n")
         else:
-            _write(drm / "gt" / f"gt{tile}" / "id", f"{tile}\n")
+            write_file(drm / "gt" / f"gt{tile}" / "id", f"{tile}\n")
 
 
 def remove_card(sysfs: Path, card: FakeCard) -> None:
@@ -129,7 +129,7 @@ def write_sysfs(sysfs: Path, cards: Iterable[FakeCard]) -> Path:
     """A sysfs tree at `sysfs` with these cards; returns `sysfs`."""
     (sysfs / "class" / "drm").mkdir(parents=True, exist_ok=True)
     (sysfs / "bus" / "pci" / "devices").mkdir(parents=True, exist_ok=True)
-    _write(sysfs / "devices" / "pci0000:00" / "uevent", "")
+    write_file(sysfs / "devices" / "pci0000:00" / "uevent", "")
     for card in cards:
         add_card(sysfs, card)
     return sysfs

@@ -26,6 +26,11 @@ class TLSFiles:
     client_cert: str
     client_key: str
 
+    def client_flags(self) -> list[str]:
+        """The flags by which a gas client command (`gas inspect`) reaches gas over mutual
+        TLS with these files."""
+        return ["--cacert", self.ca, "--cert", self.client_cert, "--key", self.client_key]
+
 
 def make_tls_files(directory: Path, key_type: KeyType = "ec") -> TLSFiles:
     """A CA, a server certificate for localhost/127.0.0.1 and a client certificate."""

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from gas.tools.audit import check_invariants, drift, usage_from_pods
 from tests.support.apiserver import ApiServerDouble
-from tests.support.gasproc import GasProcess
+from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.polling import wait_for
 
 
@@ -18,6 +21,26 @@ def ledger_of(gas: GasProcess) -> dict[str, Any]:
 
 def wait_for_nodes(gas: GasProcess, *names: str) -> None:
     wait_for(lambda: set(names) <= set(ledger_of(gas)["nodes"]), what=f"nodes {names} in gas")
+
+
+@contextmanager
+def gas_serving(
+    cluster: ApiServerDouble,
+    directory: Path,
+    tls_files: TLSFiles,
+    args: Sequence[str],
+    nodes: Sequence[str],
+) -> Iterator[GasProcess]:
+    """A gas over `cluster` (its kubeconfig and log in `directory`, `args` added), ready and
+    holding `nodes` in its ledger; stopped on leaving."""
+    kubeconfig = cluster.write_kubeconfig(directory / "kubeconfig")
+    process = GasProcess(["--kubeConfig", kubeconfig, *args], directory / "gas.log", tls_files)
+    try:
+        process.wait_ready()
+        wait_for_nodes(process, *nodes)
+        yield process
+    finally:
+        process.stop()
 
 
 def assert_consistent(gas: GasProcess, apiserver: ApiServerDouble) -> None:

@@ -7,6 +7,7 @@ import socket
 import ssl
 import threading
 import warnings
+from collections.abc import Sequence
 
 
 def permissive_server_context(
@@ -20,6 +21,40 @@ def permissive_server_context(
         ctx.minimum_version = ssl.TLSVersion.MINIMUM_SUPPORTED
     ctx.set_ciphers(ciphers)
     ctx.load_cert_chain(certfile, keyfile)
+    return ctx
+
+
+def client_context(
+    ca: str | None = None,
+    cert_chain: tuple[str, str] | None = None,
+    *,
+    minimum: ssl.TLSVersion | None = None,
+    maximum: ssl.TLSVersion | None = None,
+    ciphers: str | None = None,
+    alpn: Sequence[str] = (),
+) -> ssl.SSLContext:
+    """A raw TLS client: trusting `ca` (None: checking nothing, for a client whose only
+    question is what the server accepts), presenting `cert_chain` (certificate, key) when
+    given, offering the protocol versions, suites and ALPN protocols given."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if ca is None:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    else:
+        ctx.load_verify_locations(ca)
+    if cert_chain is not None:
+        ctx.load_cert_chain(*cert_chain)
+    with warnings.catch_warnings():
+        # TLSVersion.TLSv1 and TLSv1_1 are deprecated; offering them is the point here.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        if minimum is not None:
+            ctx.minimum_version = minimum
+        if maximum is not None:
+            ctx.maximum_version = maximum
+    if ciphers is not None:
+        ctx.set_ciphers(ciphers)
+    if alpn:
+        ctx.set_alpn_protocols(list(alpn))
     return ctx
 
 

@@ -1,0 +1,17 @@
+"""Reading samples out of a /metrics page (Prometheus text format)."""
+
+from __future__ import annotations
+
+import re
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of the first sample of `name` whose labels include `labels`; KeyError
+    when there is none."""
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', line.rsplit(" ", 1)[0]))
+        if all(found.get(k) == v for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(f"{name} {labels} not in metrics")
