@@ -16,6 +16,7 @@ setup(
         "requests>=2.31",
         "pyyaml>=6.0",
         "prometheus-client>=0.20",
+        "numpy>=1.26",
     ],
     extras_require={
         "labeler": ["pyudev>=0.24"],

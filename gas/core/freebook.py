@@ -1,0 +1,508 @@
+"""Free capacity per card as arrays, and first fit decided for many nodes at once.
+
+kube-scheduler asks about up to thousands of nodes for every pod, and most pods are the
+plain kind: one container asking for cards, placed by first fit in the node's card order.
+For those, walking the nodes one by one in Python is what makes a filter slow. `FreeBook`
+keeps, for every node, the free amount of each resource on each card (capacity minus the
+sum of the holdings), which cards are blocked and whether the whole node is, as numpy
+arrays updated in place as the book changes, and `FreeBook.decide` answers such a pod for
+all the named nodes with a handful of array operations: the same cards and the same
+reasons as `allocator.place` (tested against its general search, `shortcut=False`).
+
+Which pods (`FreeBook.ask`): those `place` gives to its first-fit shortcut (one card-asking
+container without tiles, first fit, no Xe link, no balanced resource) that also ask for no
+single NUMA group, no same GPU, no card list that changes the card order (`gas-allow`,
+`gas-deny` with those features on), and carry no annotation problem. Which nodes: those
+with a readable node object, distinct card names and at most `MAX_SLOTS` usable cards.
+Anything else is left to `place`: `decide` says which nodes it did not answer.
+
+Layout: a node is a row; its usable cards in search order (the preferred card first, then
+numeric order; disabled cards left out) are its slots; each resource any node has capacity
+of is a column. `free[column, row, slot]` is capacity minus usage clamped to [-1, 2**63 - 1]
+(exact for every need from 0 to 2**63 - 1, and never overflowing), meaningful where the
+node has capacity of the resource (elsewhere the static check refuses first). Sets of a
+node's cards (open, fitting, chosen) are 64-bit masks, bit i for slot i: counting and
+taking the first fitting cards are then a few operations on one number per node. Pure and
+not thread-safe: the ledger uses it under its lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import repeat
+
+import numpy as np
+import numpy.typing as npt
+
+from gas.core.allocator import NODE_BLOCKED, Policy, Rejection
+from gas.core.model import (
+    ANNOTATION_ALLOW,
+    ANNOTATION_DENY,
+    FIRST_FIT,
+    TILES,
+    Allocation,
+    NodeGpu,
+    PodRequest,
+    Usage,
+)
+
+Answer = Allocation | Rejection
+BookView = tuple[Usage, Mapping[str, int], int]
+"""What a node's book holds: usage per card, pods blocking each card, pods blocking it all."""
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+MaskArray = npt.NDArray[np.uint64]
+
+MAX_SLOTS = 64
+"""Usable cards a node may have for the arrays to decide it (the chosen cards of a node are
+one 64-bit mask); nodes with more are left to `place`."""
+INT64_MAX = 2**63 - 1
+_FREE_FLOOR = -1  # any usage above capacity: no need from 0 up fits
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """A pod `FreeBook.decide` can answer: its card-asking container (`index` of
+    `containers`), how many cards it wants and its need on each, in the request's order."""
+
+    index: int
+    containers: int
+    gpus: int
+    needs: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """The usable cards of a node in search order; shared by nodes with the same ones."""
+
+    number: int
+    cards: tuple[str, ...]
+    slots: Mapping[str, int]
+
+
+def _clamp(value: int) -> int:
+    return min(max(value, _FREE_FLOOR), INT64_MAX)
+
+
+_SPREAD_BYTES = np.uint64(0x0102040810204080)
+"""Times a word of eight 0/1 bytes, its top byte holds byte i as bit i."""
+
+
+def pack(cards: BoolArray) -> MaskArray:
+    """Each row of `cards` (a whole number of 8 columns, at most 64) as a mask, bit i set
+    when column i is: eight columns at a time, each eight-byte word of 0s and 1s folded
+    into one byte by a multiplication."""
+    words = np.ascontiguousarray(cards).view("<u8")
+    mask = (words[:, 0] * _SPREAD_BYTES) >> np.uint64(56)
+    for word in range(1, words.shape[1]):
+        mask |= ((words[:, word] * _SPREAD_BYTES) >> np.uint64(56)) << np.uint64(8 * word)
+    return mask
+
+
+def _slots_for(count: int) -> int:
+    """Slots a row has room for: a whole number of 8 (see `pack`), at least 8."""
+    return max(8, -(-count // 8) * 8)
+
+
+class FreeBook:
+    """The arrays for one ledger (so one placement policy): see the module docstring."""
+
+    def __init__(self, policy: Policy | None = None) -> None:
+        self.policy = policy or Policy()
+        # With a balanced resource no pod takes plain first fit: nothing to keep.
+        self.enabled = not self.policy.balanced
+        self._rows: dict[str, int] = {}
+        self._row_layouts: list[_Layout | None] = []
+        self._spare: list[int] = []
+        self._columns: dict[str, int] = {}
+        self._layouts: dict[tuple[str, ...], _Layout] = {}
+        self._layout_list: list[_Layout] = []
+        # The last names looked up and their rows: kube-scheduler often sends the same.
+        self._last_names: list[str] | None = None
+        self._last_rows: IntArray = np.zeros(0, np.int64)
+        self._allocate(0, 0, _slots_for(0))
+
+    # ------------------------------------------------------------ storage
+
+    def _allocate(self, columns: int, rows: int, slots: int) -> None:
+        """Fresh, empty arrays: every row left to `place` until filled."""
+        self._free: IntArray = np.full((columns, rows, slots), _FREE_FLOOR, np.int64)
+        self._cap: IntArray = np.zeros((columns, rows), np.int64)
+        self._open: MaskArray = np.zeros(rows, np.uint64)  # usable cards not blocked
+        self._nblocked: IntArray = np.zeros(rows, np.int64)  # usable cards blocked
+        self._blocking: IntArray = np.zeros(rows, np.int64)  # pods blocking the node
+        self._ncards: IntArray = np.zeros(rows, np.int64)
+        self._nslots: IntArray = np.zeros(rows, np.int64)  # usable cards
+        self._layout: IntArray = np.zeros(rows, np.int64)
+        self._regular: BoolArray = np.zeros(rows, np.bool_)
+
+    def _grow(self, columns: int, rows: int, slots: int) -> None:
+        """Room for at least `columns` resources, `rows` nodes and `slots` cards a node,
+        keeping what is there (rows double, so adding nodes one by one is amortised)."""
+        c, r, s = self._free.shape
+        if columns <= c and rows <= r and slots <= s:
+            return
+        kept = (self._free, self._cap, self._open, *self._per_row())
+        self._allocate(
+            max(c, columns), max(r, rows, 2 * r if rows > r else 0), max(s, _slots_for(slots))
+        )
+        self._free[:c, :r, :s] = kept[0]
+        self._cap[:c, :r] = kept[1]
+        self._open[:r] = kept[2]
+        for new, old in zip(self._per_row(), kept[3:], strict=True):
+            new[:r] = old
+
+    def _per_row(self) -> tuple[npt.NDArray[np.generic], ...]:
+        return (
+            self._nblocked,
+            self._blocking,
+            self._ncards,
+            self._nslots,
+            self._layout,
+            self._regular,
+        )
+
+    def _layout_of(self, node: NodeGpu) -> _Layout:
+        cards = node.cards
+        if node.preferred is not None and node.preferred in cards:
+            # As `place` orders them: moved first, the others keep their order.
+            cards = (node.preferred, *(c for c in cards if c != node.preferred))
+        usable = tuple(c for c in cards if c not in node.disabled)
+        layout = self._layouts.get(usable)
+        if layout is None:
+            slots = {card: slot for slot, card in enumerate(usable)}
+            layout = self._layouts[usable] = _Layout(len(self._layout_list), usable, slots)
+            self._layout_list.append(layout)
+        return layout
+
+    def _slot(self, node: str, card: str) -> tuple[int, int] | None:
+        """The row of `node` and slot of `card` on it, when the arrays decide the node."""
+        row = self._rows.get(node)
+        if row is None:
+            return None
+        layout = self._row_layouts[row]
+        slot = None if layout is None else layout.slots.get(card)
+        return None if slot is None else (row, slot)
+
+    # ------------------------------------------------------------ nodes and books
+
+    def set_node(self, node: NodeGpu, book: BookView) -> None:
+        """Add or replace `node`, whose book holds `book`."""
+        if not self.enabled:
+            return
+        row = self._rows.get(node.name)
+        if row is None:
+            row = self._spare.pop() if self._spare else len(self._row_layouts)
+            if row == len(self._row_layouts):
+                self._row_layouts.append(None)
+            self._rows[node.name] = row
+            self._last_names = None
+        self._grow(0, row + 1, 0)
+        self._fill(row, node, book)
+
+    def remove_node(self, name: str) -> None:
+        row = self._rows.pop(name, None)
+        if row is None:
+            return
+        self._last_names = None
+        self._row_layouts[row] = None
+        self._regular[row] = False
+        self._spare.append(row)
+
+    def replace_nodes(self, nodes: Iterable[NodeGpu], books: Mapping[str, BookView]) -> None:
+        """Every node afresh, with its book from `books` by node name (absent: nothing
+        held): after a relist of nodes or of pods."""
+        if not self.enabled:
+            return
+        fresh = list({node.name: node for node in nodes}.values())  # the last of a name wins
+        self._rows = {node.name: row for row, node in enumerate(fresh)}
+        self._row_layouts = [None] * len(fresh)
+        self._spare = []
+        self._layouts = {}
+        self._layout_list = []
+        self._columns = {}
+        self._last_names = None
+        for node in fresh:
+            for res, capacity in node.capacity.items():
+                if capacity > 0 and res not in self._columns:
+                    self._columns[res] = len(self._columns)
+        widest = min(max((len(n.cards) for n in fresh), default=0), MAX_SLOTS)
+        self._allocate(len(self._columns), len(fresh), _slots_for(widest))
+        empty: BookView = ({}, {}, 0)
+        for row, node in enumerate(fresh):
+            self._fill(row, node, books.get(node.name, empty))
+
+    def _fill(self, row: int, node: NodeGpu, book: BookView) -> None:
+        usage, blocked, blocking = book
+        layout = self._layout_of(node)
+        cards = layout.cards
+        regular = (
+            node.problem is None
+            and len(set(node.cards)) == len(node.cards)
+            and len(cards) <= MAX_SLOTS
+        )
+        self._row_layouts[row] = layout if regular else None
+        self._regular[row] = regular
+        if not regular:
+            return
+        for res, amount in node.capacity.items():
+            if amount > 0 and res not in self._columns:
+                self._columns[res] = len(self._columns)
+        self._grow(len(self._columns), 0, len(cards))
+        self._ncards[row] = len(node.cards)
+        self._nslots[row] = len(cards)
+        self._layout[row] = layout.number
+        self._blocking[row] = blocking
+        capacity = [0] * len(self._columns)
+        for res, column in self._columns.items():
+            capacity[column] = min(max(node.capacity.get(res, 0), 0), INT64_MAX)
+        self._cap[:, row] = capacity
+        free = self._free[:, row, :]
+        free[:] = _FREE_FLOOR
+        free[:, : len(cards)] = np.array(capacity, np.int64)[:, None]
+        for card, resources in usage.items():
+            slot = layout.slots.get(card)
+            if slot is not None:
+                for res, used in resources.items():
+                    at = self._columns.get(res)
+                    if at is not None:
+                        free[at, slot] = _clamp(capacity[at] - used)
+        closed = {layout.slots[c] for c, pods in blocked.items() if pods > 0 and c in layout.slots}
+        self._open[row] = sum(1 << slot for slot in range(len(cards)) if slot not in closed)
+        self._nblocked[row] = len(closed)
+
+    def set_usage(
+        self, node: str, card: str, used: Mapping[str, int], changed: Iterable[str]
+    ) -> None:
+        """The book of `node` now holds `used` on `card`; the resources `changed` moved."""
+        place = self._slot(node, card)
+        if place is None:
+            return  # a card the node does not have, or a node left to `place`
+        row, slot = place
+        for res in changed:
+            column = self._columns.get(res)
+            if column is not None:
+                capacity = int(self._cap[column, row])
+                self._free[column, row, slot] = _clamp(capacity - used.get(res, 0))
+
+    def set_blocked(self, node: str, card: str, pods: int) -> None:
+        """`pods` pods whose annotation could not be read now block `card` of `node`."""
+        place = self._slot(node, card)
+        if place is None:
+            return
+        row, slot = place
+        bit = 1 << slot
+        mask = int(self._open[row])
+        was_open = bool(mask & bit)
+        now_open = pods <= 0
+        self._open[row] = mask | bit if now_open else mask & ~bit
+        self._nblocked[row] += int(was_open) - int(now_open)
+
+    def set_blocking(self, node: str, pods: int) -> None:
+        """`pods` pods whose annotation named no card now block the whole of `node`."""
+        row = self._rows.get(node)
+        if row is not None:
+            self._blocking[row] = pods
+
+    # ------------------------------------------------------------ deciding
+
+    def ask(self, request: PodRequest) -> Ask | None:
+        """What `decide` needs of `request`, or None when `place` must answer it."""
+        policy = self.policy
+        if not self.enabled or policy.placement_for(request) != FIRST_FIT:
+            return None
+        if request.xelink or request.single_numa or request.same_gpu:
+            return None
+        if policy.allowlist and request.allow is not None:
+            return None
+        if policy.denylist and request.deny:
+            return None
+        for key in request.problems:
+            if (key == ANNOTATION_ALLOW and not policy.allowlist) or (
+                key == ANNOTATION_DENY and not policy.denylist
+            ):
+                continue
+            return None
+        lone = [i for i, need in enumerate(request.containers) if need.gpus > 0]
+        if len(lone) != 1:
+            return None
+        need = request.containers[lone[0]]
+        if TILES in need.requests:
+            return None
+        needs = tuple(need.per_card().items())
+        if not all(0 <= amount <= INT64_MAX for _, amount in needs):
+            return None
+        return Ask(lone[0], len(request.containers), need.gpus, needs)
+
+    def decide(self, ask: Ask, names: Sequence[str]) -> tuple[list[Answer | None], list[int]]:
+        """The answer for each of `names`, in order, as `place` gives it on the node's
+        current book; None for the nodes left to `place` (unknown to the book, not
+        regular, or refused for a reason that needs the node object), whose indices come
+        second."""
+        rows = self._lookup(names)
+        known = np.flatnonzero(rows >= 0)
+        decided = np.zeros(len(rows), np.bool_)
+        decided[known] = self._regular[rows[known]]
+        where = np.flatnonzero(decided)
+        table: list[Answer] = []
+        code = self._static(ask, rows[where], table)
+        undecided = np.flatnonzero(code == _OPEN)
+        if len(undecided):
+            self._dynamic(ask, rows[where[undecided]], undecided, code, table)
+        left = code == _LEFT
+        decided[where[left]] = False
+        answers = np.empty(len(table), object)
+        for index, answer in enumerate(table):
+            answers[index] = answer
+        out = np.empty(len(rows), object)
+        keep = ~left
+        out[where[keep]] = answers[code[keep]]
+        return out.tolist(), np.flatnonzero(~decided).tolist()
+
+    def _lookup(self, names: Sequence[str]) -> IntArray:
+        """The row of each name, -1 for names not known."""
+        listed = names if isinstance(names, list) else list(names)
+        if self._last_names is not None and listed == self._last_names:
+            return self._last_rows
+        rows = np.fromiter(map(self._rows.get, listed, repeat(-1)), np.int64, len(listed))
+        self._last_names, self._last_rows = list(listed), rows
+        return rows
+
+    def _static(self, ask: Ask, rows: IntArray, table: list[Answer]) -> IntArray:
+        """Reasons that hold whatever the usage, as `place` checks them in order: too few
+        cards, a resource without capacity or with too little per card, a blocked node,
+        too few usable cards (left to `place`: its reason names why they are unusable).
+        The code of each row's answer in `table`, `_OPEN` where the usage decides."""
+        code = np.full(len(rows), _OPEN, np.int64)
+        gpus = ask.gpus
+        ncards = np.take(self._ncards, rows)
+        short = ncards < gpus
+        if short.any():
+            for value in np.unique(ncards[short]).tolist():
+                code[short & (ncards == value)] = len(table)
+                reason = f"gpu: container asks for {gpus} cards, node has {value}"
+                table.append(Rejection(reason, True))
+        for res, amount in ask.needs:
+            column = self._columns.get(res)
+            if column is None:
+                capacity = np.zeros(len(rows), np.int64)
+            else:
+                capacity = np.take(self._cap[column], rows)
+            open_ = code == _OPEN
+            missing = open_ & (capacity <= 0)
+            if missing.any():
+                code[missing] = len(table)
+                table.append(Rejection(f"gpu: node has no {res} per card", True))
+            small = open_ & ~missing & (capacity < amount)
+            if small.any():
+                code[small] = len(table)
+                reason = f"gpu: container needs more {res} per card than a card has"
+                table.append(Rejection(reason, True))
+        blocking = (code == _OPEN) & (np.take(self._blocking, rows) > 0)
+        if blocking.any():
+            code[blocking] = len(table)
+            table.append(Rejection(NODE_BLOCKED, unresolvable=False))
+        code[(code == _OPEN) & (np.take(self._nslots, rows) < gpus)] = _LEFT
+        return code
+
+    def _dynamic(
+        self, ask: Ask, rows: IntArray, at: IntArray, code: IntArray, table: list[Answer]
+    ) -> None:
+        """First fit on `rows` (the static checks passed), writing each answer's code into
+        `code` at `at`."""
+        open_ = np.take(self._open, rows)
+        fits = []
+        for res, amount in ask.needs:
+            free = np.take(self._free[self._columns[res]], rows, axis=0)
+            fits.append(pack(free >= amount))
+        fit = open_.copy()
+        for mask in fits:
+            fit &= mask
+        passed = np.bitwise_count(fit) >= ask.gpus
+        if passed.any():
+            self._placements(ask, rows[passed], fit[passed], at[passed], code, table)
+        if not passed.all():
+            failed = ~passed
+            lacking = [
+                (res, open_[failed] & ~mask[failed])
+                for (res, _), mask in zip(ask.needs, fits, strict=True)
+            ]
+            code[at[failed]] = self._shortages(rows[failed], lacking, table)
+
+    def _placements(
+        self,
+        ask: Ask,
+        rows: IntArray,
+        fit: MaskArray,
+        at: IntArray,
+        code: IntArray,
+        table: list[Answer],
+    ) -> None:
+        """The first `gpus` fitting cards of each row, as allocations shared between the
+        rows that get the same cards."""
+        one = np.uint64(1)
+        chosen = fit & (~fit + one)  # the lowest fitting slot
+        rest = fit ^ chosen
+        for _ in range(ask.gpus - 1):
+            lowest = rest & (~rest + one)
+            chosen |= lowest
+            rest ^= lowest
+        layouts = np.take(self._layout, rows)
+        if ask.gpus == 1:
+            # One card: the key (layout, slot) is a small number; no sorting needed.
+            keys = layouts * MAX_SLOTS + np.bitwise_count(chosen - one).astype(np.int64)
+            present = np.flatnonzero(np.bincount(keys))
+            lookup = np.zeros(int(present[-1]) + 1, np.int64)
+            for key in present.tolist():
+                number, slot = divmod(key, MAX_SLOTS)
+                lookup[key] = len(table)
+                table.append(self._allocation(ask, (self._layout_list[number].cards[slot],)))
+            code[at] = lookup[keys]
+            return
+        for number in np.flatnonzero(np.bincount(layouts)).tolist():
+            mine = layouts == number
+            masks, inverse = np.unique(chosen[mine], return_inverse=True)
+            cards = self._layout_list[number].cards
+            base = len(table)
+            for mask in masks.tolist():
+                picked = tuple(card for slot, card in enumerate(cards) if mask >> slot & 1)
+                table.append(self._allocation(ask, picked))
+            code[at[mine]] = base + inverse.reshape(-1)
+
+    @staticmethod
+    def _allocation(ask: Ask, cards: tuple[str, ...]) -> Allocation:
+        return tuple(cards if i == ask.index else () for i in range(ask.containers))
+
+    def _shortages(
+        self, rows: IntArray, lacking: list[tuple[str, MaskArray]], table: list[Answer]
+    ) -> IntArray:
+        """As `allocator._shortage`: per row, the resource (or "blocked") that keeps the
+        most usable cards out, ties to the first name in sorted order. `lacking` holds,
+        per resource, the open cards of each row without room for it."""
+        counts: dict[str, IntArray] = {"blocked": np.take(self._nblocked, rows)}
+        for res, mask in lacking:
+            counts[res] = np.bitwise_count(mask).astype(np.int64)
+        best = np.zeros(len(rows), np.int64)
+        which = np.full(len(rows), len(table), np.int64)
+        table.append(Rejection("gpu: not enough free cards for every container of the pod", False))
+        for key in sorted(counts):
+            better = counts[key] > best
+            if not better.any():
+                continue
+            best[better] = counts[key][better]
+            which[better] = len(table)
+            if key == "blocked":
+                reason = (
+                    "gpu: cards are held by a pod with an unreadable gas-container-cards annotation"
+                )
+            else:
+                reason = f"gpu: not enough free {key} on the node's cards"
+            table.append(Rejection(reason, False))
+        return which
+
+
+_OPEN = -1
+"""Code of a row whose answer the usage decides."""
+_LEFT = -2
+"""Code of a row `decide` leaves to `place`."""

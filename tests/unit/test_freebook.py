@@ -1,0 +1,379 @@
+"""The arrays decide as the general search: same pass or fail, same cards, same reasons.
+
+`FreeBook.decide` answers plain first-fit pods for many nodes at once from arrays of free
+capacity kept up to date through every change of the books; wherever it answers, it must
+answer exactly what `place(..., shortcut=False)` answers on the node's current book, and it
+may leave only nodes it cannot decide to `place`.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gas.core.allocator import Placement, Policy, Rejection, place
+from gas.core.freebook import MAX_SLOTS, FreeBook, pack
+from gas.core.model import (
+    ANNOTATION_ALLOW,
+    ANNOTATION_DENY,
+    ANNOTATION_POLICY,
+    I915,
+    NodeGpu,
+    PodRequest,
+    pod_request,
+)
+from tests.unit.test_fast_paths import MEMORY, MILLICORES, nodes, policies, requests_for
+
+Usage = dict[str, dict[str, int]]
+
+
+@dataclass
+class Book:
+    """A node's book as the ledger keeps it: the sum of its holdings."""
+
+    usage: Usage = field(default_factory=dict)
+    blocked: dict[str, int] = field(default_factory=dict)
+    blocking: int = 0
+
+
+@dataclass(frozen=True)
+class Hold:
+    """What one pod holds on one node."""
+
+    usage: Mapping[str, Mapping[str, int]]
+    blocked: frozenset[str] = frozenset()
+    blocks_node: bool = False
+
+
+class Model:
+    """Nodes and books, with a `FreeBook` told of every change as the ledger tells it."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.free = FreeBook(policy)
+        self.nodes: dict[str, NodeGpu] = {}
+        self.books: dict[str, Book] = {}
+
+    def view(self, name: str) -> tuple[Usage, dict[str, int], int]:
+        book = self.books.get(name, Book())
+        return book.usage, book.blocked, book.blocking
+
+    def set_node(self, node: NodeGpu) -> None:
+        self.nodes[node.name] = node
+        self.free.set_node(node, self.view(node.name))
+
+    def remove_node(self, name: str) -> None:
+        self.nodes.pop(name, None)
+        self.free.remove_node(name)
+
+    def relist(self) -> None:
+        self.free.replace_nodes(self.nodes.values(), {name: self.view(name) for name in self.books})
+
+    def apply(self, node: str, hold: Hold, sign: int) -> None:
+        book = self.books.setdefault(node, Book())
+        for card, resources in hold.usage.items():
+            used = book.usage.setdefault(card, {})
+            for res, amount in resources.items():
+                used[res] = used.get(res, 0) + sign * amount
+                if not used[res]:
+                    del used[res]
+            self.free.set_usage(node, card, used, resources)
+            if not used:
+                del book.usage[card]
+        for card in hold.blocked:
+            book.blocked[card] = book.blocked.get(card, 0) + sign
+            self.free.set_blocked(node, card, book.blocked[card])
+        if hold.blocks_node:
+            book.blocking += sign
+            self.free.set_blocking(node, book.blocking)
+
+    def reference(self, request: PodRequest, name: str) -> object:
+        node = self.nodes[name]
+        usage, blocked, blocking = self.view(name)
+        result = place(
+            node,
+            usage,
+            request,
+            blocked=frozenset(c for c, n in blocked.items() if n > 0),
+            node_blocked=blocking > 0,
+            policy=self.policy,
+            shortcut=False,
+        )
+        return result.cards if isinstance(result, Placement) else result
+
+    def compare(self, request: PodRequest, names: list[str]) -> tuple[int, int]:
+        """Decide `names` and check every answer; how many were decided and left."""
+        ask = self.free.ask(request)
+        if ask is None:
+            return 0, 0
+        answers, left = self.free.decide(ask, names)
+        assert len(answers) == len(names)
+        for index, (name, answer) in enumerate(zip(names, answers, strict=True)):
+            if answer is None:
+                assert index in left
+                continue
+            assert index not in left
+            assert answer == self.reference(request, name), name
+        for index in left:
+            # Only nodes the arrays cannot decide: unknown, irregular, or too few usable.
+            node = self.nodes.get(names[index])
+            assert node is None or plain_node_left(node, request), names[index]
+        return len(names) - len(left), len(left)
+
+
+def plain_node_left(node: NodeGpu, request: PodRequest) -> bool:
+    """Whether `decide` may leave `node` to `place` for `request`."""
+    usable = [c for c in node.cards if c not in node.disabled]
+    gpus = max(need.gpus for need in request.containers)
+    return (
+        node.problem is not None
+        or len(set(node.cards)) != len(node.cards)
+        or len(usable) > MAX_SLOTS
+        or len(usable) < gpus
+    )
+
+
+def plain_request(
+    gpus: int, limits: dict[str, int], annotations: dict[str, str] | None = None
+) -> PodRequest:
+    merged = {I915: str(gpus), **{res: str(amount) for res, amount in limits.items()}}
+    pod: dict[str, Any] = {
+        "metadata": {"annotations": annotations or {}},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": merged}}]},
+    }
+    return pod_request(pod)
+
+
+# ---------------------------------------------------------------- masks
+
+
+@given(st.lists(st.lists(st.booleans(), min_size=64, max_size=64), min_size=1, max_size=20))
+def test_pack_sets_bit_i_for_column_i(rows: list[list[bool]]) -> None:
+    for width in (8, 16, 24, 64):
+        cards = np.array([row[:width] for row in rows], np.bool_)
+        expected = [sum(1 << i for i, on in enumerate(row[:width]) if on) for row in rows]
+        assert pack(cards).tolist() == expected
+
+
+def test_pack_knows_every_byte() -> None:
+    cards = np.array([[n >> i & 1 for i in range(8)] for n in range(256)], np.bool_)
+    assert pack(cards).tolist() == list(range(256))
+
+
+# ---------------------------------------------------------------- which pods
+
+
+def test_ask_takes_only_plain_first_fit_pods() -> None:
+    free = FreeBook(Policy(allowlist=True, denylist=True))
+    assert free.ask(plain_request(2, {MEMORY: 4})) is not None
+    assert free.ask(plain_request(1, {MEMORY: 4}, {ANNOTATION_ALLOW: "card1"})) is None
+    assert free.ask(plain_request(1, {MEMORY: 4}, {ANNOTATION_DENY: "card1"})) is None
+    assert free.ask(plain_request(1, {MEMORY: 4}, {ANNOTATION_POLICY: "binpack"})) is None
+    assert free.ask(plain_request(1, {"gpu.intel.com/tiles": 1})) is None
+    # gas-allow and gas-deny change nothing while their features are off.
+    lax = FreeBook(Policy())
+    assert lax.ask(plain_request(1, {MEMORY: 4}, {ANNOTATION_DENY: "card1"})) is not None
+    assert lax.ask(plain_request(1, {MEMORY: 4}, {ANNOTATION_ALLOW: ""})) is not None
+    # With a balanced resource no pod takes plain first fit.
+    assert FreeBook(Policy(balanced_resource="i915")).ask(plain_request(1, {})) is None
+
+
+# ---------------------------------------------------------------- exactness
+
+EXAMPLES = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+NAMES = ("n0", "n1", "n2", "n3")
+
+
+@st.composite
+def holds(draw: st.DrawFn, cards: tuple[str, ...]) -> Hold:
+    resources = st.sampled_from([I915, MEMORY, MILLICORES, "gpu.intel.com/tiles"])
+    per_card = st.dictionaries(resources, st.integers(0, 5), max_size=3)
+    usage = draw(st.dictionaries(st.sampled_from([*cards, "card42"]), per_card, max_size=3))
+    blocked = (
+        frozenset(draw(st.sets(st.sampled_from(cards), max_size=2)))
+        if draw(st.sampled_from([False] * 6 + [True]))
+        else frozenset()
+    )
+    return Hold(usage, blocked, draw(st.sampled_from([False] * 15 + [True])))
+
+
+operations = st.lists(
+    st.tuples(
+        st.sampled_from(
+            [
+                "check",
+                "check",
+                "hold",
+                "hold",
+                "hold",
+                "release",
+                "set_node",
+                "remove_node",
+                "relist",
+            ]
+        ),
+        st.sampled_from(NAMES),
+        st.integers(0, 7),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@EXAMPLES
+@given(data=st.data())
+def test_decide_matches_the_search_through_changes(data: st.DataObject) -> None:
+    policy = data.draw(policies)
+    model = Model(policy)
+    pool = {
+        name: [data.draw(nodes(name, plain=data.draw(st.booleans()))) for _ in range(2)]
+        for name in NAMES
+    }
+    for name in NAMES:
+        model.set_node(pool[name][0])
+    all_cards = tuple(sorted({c for p in pool.values() for n in p for c in n.cards}))
+    requests = [data.draw(requests_for(all_cards)) for _ in range(3)]
+    requests += [
+        plain_request(data.draw(st.integers(1, 3)), {MEMORY: data.draw(st.integers(0, 12))})
+    ]
+    held: dict[int, tuple[str, Hold]] = {}
+    for op, name, which in data.draw(operations):
+        if op == "check":
+            names = [*NAMES, "unknown", NAMES[which % len(NAMES)]]
+            for request in requests:
+                model.compare(request, names)
+        elif op == "hold":
+            if which in held:
+                model.apply(*held.pop(which), -1)
+            cards = model.nodes[name].cards if name in model.nodes else pool[name][0].cards
+            hold = data.draw(holds(cards))
+            held[which] = (name, hold)
+            model.apply(name, hold, +1)
+        elif op == "release" and which in held:
+            model.apply(*held.pop(which), -1)
+        elif op == "set_node":
+            model.set_node(pool[name][which % 2])
+        elif op == "remove_node":
+            model.remove_node(name)
+        elif op == "relist":
+            model.relist()
+    for request in requests:
+        model.compare(request, [*NAMES])
+
+
+def test_decide_over_many_busy_nodes() -> None:
+    """Seeded random clusters, decided at once, where every kind of answer occurs: cards
+    found, each resource short, cards blocked, nodes blocked, too few cards."""
+    rng = random.Random(11)
+    outcomes: collections.Counter[str] = collections.Counter()
+    decided = left = 0
+    for _ in range(40):
+        policy = Policy(denylist=rng.random() < 0.5)
+        model = Model(policy)
+        for index in range(rng.randint(1, 60)):
+            count = rng.choice([1, 2, 4, 8, 8, 12])
+            cards = tuple(f"card{n}" for n in sorted(rng.sample(range(16), count)))
+            capacity = {I915: rng.choice([1, 2, 4, 8]), MEMORY: rng.choice([4, 8, 16])}
+            if rng.random() < 0.3:
+                capacity[MILLICORES] = rng.choice([100, 1000])
+            model.set_node(
+                NodeGpu(
+                    f"node-{index}",
+                    cards,
+                    capacity,
+                    disabled=frozenset(rng.sample(cards, 1)) if rng.random() < 0.1 else frozenset(),
+                    preferred=rng.choice(cards) if rng.random() < 0.2 else None,
+                    problem="gpu: broken" if rng.random() < 0.02 else None,
+                )
+            )
+        names = list(model.nodes)
+        for _ in range(rng.randint(0, 400)):
+            name = rng.choice(names)
+            node = model.nodes[name]
+            card = rng.choice(node.cards)
+            usage = {
+                card: {res: rng.randint(0, max(1, cap // 2)) for res, cap in node.capacity.items()}
+            }
+            blocked = frozenset({rng.choice(node.cards)}) if rng.random() < 0.02 else frozenset()
+            model.apply(name, Hold(usage, blocked, rng.random() < 0.005), +1)
+        if rng.random() < 0.3:
+            model.relist()
+        for _ in range(10):
+            gpus = rng.choice([1, 1, 2, 3, 4, 9])
+            limits = {MEMORY: gpus * rng.randint(0, 9)}
+            if rng.random() < 0.3:
+                limits[MILLICORES] = gpus * rng.choice([0, 100, 300])
+            request = plain_request(gpus, limits)
+            ask = model.free.ask(request)
+            assert ask is not None
+            got, scalar = model.compare(request, [*names, "gone"])
+            decided += got
+            left += scalar
+            answers, _ = model.free.decide(ask, names)
+            for answer in answers:
+                outcomes[answer.reason if isinstance(answer, Rejection) else "fit"] += 1
+    assert decided > 10 * left
+    assert outcomes["fit"] > 1000
+    assert outcomes["gpu: not enough free gpu.intel.com/memory.max on the node's cards"] > 100
+    assert outcomes["gpu: not enough free gpu.intel.com/i915 on the node's cards"] > 100
+    assert outcomes["gpu: not enough free gpu.intel.com/millicores on the node's cards"] > 10
+    assert outcomes["gpu: node has no gpu.intel.com/millicores per card"] > 10
+    assert outcomes["gpu: node has a pod with an unreadable gas-container-cards annotation"] > 0
+    assert (
+        outcomes["gpu: cards are held by a pod with an unreadable gas-container-cards annotation"]
+        > 0
+    )
+    assert any(r.startswith("gpu: container asks for 9 cards, node has") for r in outcomes)
+
+
+def test_huge_quantities_compare_exactly() -> None:
+    """Usage beyond capacity, and capacities near 2**63, neither overflow nor round."""
+    top = 2**63 - 1
+    model = Model(Policy())
+    model.set_node(NodeGpu("n", ("card0", "card1"), {I915: 1, MEMORY: top}))
+    model.apply("n", Hold({"card0": {MEMORY: top}}), +1)
+    model.apply("n", Hold({"card0": {MEMORY: top}}), +1)  # twice capacity: over-counted
+    model.apply("n", Hold({"card1": {MEMORY: 1}}), +1)
+    for amount, expected in ((top - 1, (("card1",),)), (top, None), (0, (("card1",),))):
+        request = plain_request(1, {MEMORY: amount})
+        model.compare(request, ["n"])
+        answer = model.free.decide(model.free.ask(request), ["n"])[0][0]  # type: ignore[arg-type]
+        if expected is None:
+            assert isinstance(answer, Rejection)
+        else:
+            assert answer == expected
+
+
+def test_preferred_and_disabled_cards_keep_the_search_order() -> None:
+    model = Model(Policy())
+    model.set_node(
+        NodeGpu(
+            "n",
+            ("card0", "card1", "card2", "card3"),
+            {I915: 2, MEMORY: 8},
+            disabled=frozenset({"card1"}),
+            preferred="card3",
+        )
+    )
+    request = plain_request(2, {MEMORY: 8})
+    ask = model.free.ask(request)
+    assert ask is not None
+    assert model.free.decide(ask, ["n"])[0] == [(("card3", "card0"),)]
+    model.apply("n", Hold({"card0": {MEMORY: 5}}), +1)
+    assert model.free.decide(ask, ["n"])[0] == [(("card3", "card2"),)]
+    model.compare(request, ["n"])
+
+
+def test_too_few_usable_cards_are_left_to_place() -> None:
+    model = Model(Policy())
+    model.set_node(NodeGpu("n", ("card0", "card1"), {I915: 2}, disabled=frozenset({"card1"})))
+    ask = model.free.ask(plain_request(2, {}))
+    assert ask is not None
+    assert model.free.decide(ask, ["n", "m"]) == ([None, None], [0, 1])
