@@ -212,51 +212,115 @@ class FreeBook:
 
     def replace_nodes(self, nodes: Iterable[NodeGpu], books: Mapping[str, BookView]) -> None:
         """Every node afresh, with its book from `books` by node name (absent: nothing
-        held): after a relist of nodes or of pods."""
+        held): after a relist of nodes."""
         if not self.enabled:
             return
         fresh = list({node.name: node for node in nodes}.values())  # the last of a name wins
         self._rows = {node.name: row for row, node in enumerate(fresh)}
-        self._row_layouts = [None] * len(fresh)
         self._spare = []
         self._layouts = {}
         self._layout_list = []
         self._columns = {}
         self._last_names = None
-        for node in fresh:
-            for res, capacity in node.capacity.items():
-                if capacity > 0 and res not in self._columns:
-                    self._columns[res] = len(self._columns)
-        widest = min(max((len(n.cards) for n in fresh), default=0), MAX_SLOTS)
+        layouts = [self._regular_layout(node) for node in fresh]
+        self._row_layouts = layouts
+        widest = max((len(layout.cards) for layout in layouts if layout), default=0)
         self._allocate(len(self._columns), len(fresh), _slots_for(widest))
-        empty: BookView = ({}, {}, 0)
-        for row, node in enumerate(fresh):
-            self._fill(row, node, books.get(node.name, empty))
+        count = len(fresh)
+        self._regular[:count] = [layout is not None for layout in layouts]
+        self._ncards[:count] = [len(node.cards) for node in fresh]
+        self._nslots[:count] = [len(layout.cards) if layout else 0 for layout in layouts]
+        self._layout[:count] = [layout.number if layout else 0 for layout in layouts]
+        if count and self._columns:
+            self._cap[:, :count] = np.array([self._capacity(node) for node in fresh], np.int64).T
+        self.replace_books(books)
 
-    def _fill(self, row: int, node: NodeGpu, book: BookView) -> None:
-        usage, blocked, blocking = book
-        layout = self._layout_of(node)
-        cards = layout.cards
-        regular = (
-            node.problem is None
-            and len(set(node.cards)) == len(node.cards)
-            and len(cards) <= MAX_SLOTS
-        )
-        self._row_layouts[row] = layout if regular else None
-        self._regular[row] = regular
-        if not regular:
+    def replace_books(self, books: Mapping[str, BookView]) -> None:
+        """Every node's book afresh from `books` by node name (absent: nothing held): after
+        a relist of pods. The nodes stay."""
+        if not self.enabled:
             return
+        slots = np.arange(self._free.shape[2])
+        usable = (slots < self._nslots[:, None]) & self._regular[:, None]
+        self._free[:] = np.where(usable, self._cap[:, :, None], _FREE_FLOOR)
+        self._open[:] = pack(usable)
+        self._nblocked[:] = 0
+        self._blocking[:] = 0
+        _, rows, slots_per_row = self._free.shape
+        places: list[int] = []  # index into the flattened `free` of each amount
+        amounts: list[int] = []
+        per_column = rows * slots_per_row
+        for name, (usage, blocked, blocking) in books.items():
+            row = self._rows.get(name)
+            layout = None if row is None else self._row_layouts[row]
+            if row is None or layout is None:
+                continue
+            self._blocking[row] = blocking
+            slot_of = layout.slots.get
+            for card, resources in usage.items():
+                slot = slot_of(card)
+                if slot is not None:
+                    base = row * slots_per_row + slot
+                    for res, used in resources.items():
+                        column = self._columns.get(res)
+                        if column is not None:
+                            places.append(column * per_column + base)
+                            amounts.append(used)
+            for card, pods in blocked.items():
+                self.set_blocked(name, card, pods)
+        if not amounts:
+            return
+        flat = np.array(places, np.int64)
+        column_of, rest = np.divmod(flat, per_column)
+        capacity = self._cap[column_of, rest // slots_per_row]
+        try:
+            held: IntArray = np.array(amounts, np.int64)
+            exact = bool(held.min() >= 0)
+        except OverflowError:
+            exact = False
+        if exact:
+            # Both in [0, 2**63 - 1]: the difference cannot overflow.
+            self._free.reshape(-1)[flat] = np.maximum(capacity - held, _FREE_FLOOR)
+        else:  # amounts beyond what an array holds: exactly, one by one
+            for index, amount, cap in zip(places, amounts, capacity.tolist(), strict=True):
+                self._free.reshape(-1)[index] = _clamp(cap - amount)
+
+    def _regular_layout(self, node: NodeGpu) -> _Layout | None:
+        """The node's layout when the arrays decide it (its resources then have columns;
+        the arrays may need growing), else None."""
+        layout = self._layout_of(node)
+        if (
+            node.problem is not None
+            or len(set(node.cards)) != len(node.cards)
+            or len(layout.cards) > MAX_SLOTS
+        ):
+            return None
         for res, amount in node.capacity.items():
             if amount > 0 and res not in self._columns:
                 self._columns[res] = len(self._columns)
+        return layout
+
+    def _capacity(self, node: NodeGpu) -> list[int]:
+        """The node's capacity per column, clamped to what an array holds (`place` reads
+        any capacity up to 0 as none)."""
+        capacity = [0] * len(self._columns)
+        for res, column in self._columns.items():
+            capacity[column] = min(max(node.capacity.get(res, 0), 0), INT64_MAX)
+        return capacity
+
+    def _fill(self, row: int, node: NodeGpu, book: BookView) -> None:
+        usage, blocked, blocking = book
+        layout = self._row_layouts[row] = self._regular_layout(node)
+        self._regular[row] = layout is not None
+        if layout is None:
+            return
+        cards = layout.cards
         self._grow(len(self._columns), 0, len(cards))
         self._ncards[row] = len(node.cards)
         self._nslots[row] = len(cards)
         self._layout[row] = layout.number
         self._blocking[row] = blocking
-        capacity = [0] * len(self._columns)
-        for res, column in self._columns.items():
-            capacity[column] = min(max(node.capacity.get(res, 0), 0), INT64_MAX)
+        capacity = self._capacity(node)
         self._cap[:, row] = capacity
         free = self._free[:, row, :]
         free[:] = _FREE_FLOOR
