@@ -76,6 +76,9 @@ class Model:
     def relist(self) -> None:
         self.free.replace_nodes(self.nodes.values(), {name: self.view(name) for name in self.books})
 
+    def relist_pods(self) -> None:
+        self.free.replace_books({name: self.view(name) for name in self.books})
+
     def apply(self, node: str, hold: Hold, sign: int) -> None:
         book = self.books.setdefault(node, Book())
         for card, resources in hold.usage.items():
@@ -217,6 +220,7 @@ operations = st.lists(
                 "set_node",
                 "remove_node",
                 "relist",
+                "relist_pods",
             ]
         ),
         st.sampled_from(NAMES),
@@ -264,6 +268,8 @@ def test_decide_matches_the_search_through_changes(data: st.DataObject) -> None:
             model.remove_node(name)
         elif op == "relist":
             model.relist()
+        elif op == "relist_pods":
+            model.relist_pods()
     for request in requests:
         model.compare(request, [*NAMES])
 
@@ -305,6 +311,8 @@ def test_decide_over_many_busy_nodes() -> None:
             model.apply(name, Hold(usage, blocked, rng.random() < 0.005), +1)
         if rng.random() < 0.3:
             model.relist()
+        elif rng.random() < 0.3:
+            model.relist_pods()
         for _ in range(10):
             gpus = rng.choice([1, 1, 2, 3, 4, 9])
             limits = {MEMORY: gpus * rng.randint(0, 9)}
@@ -341,14 +349,16 @@ def test_huge_quantities_compare_exactly() -> None:
     model.apply("n", Hold({"card0": {MEMORY: top}}), +1)
     model.apply("n", Hold({"card0": {MEMORY: top}}), +1)  # twice capacity: over-counted
     model.apply("n", Hold({"card1": {MEMORY: 1}}), +1)
-    for amount, expected in ((top - 1, (("card1",),)), (top, None), (0, (("card1",),))):
-        request = plain_request(1, {MEMORY: amount})
-        model.compare(request, ["n"])
-        answer = model.free.decide(model.free.ask(request), ["n"])[0][0]  # type: ignore[arg-type]
-        if expected is None:
-            assert isinstance(answer, Rejection)
-        else:
-            assert answer == expected
+    for rebuild in (lambda: None, model.relist, model.relist_pods):
+        rebuild()
+        for amount, expected in ((top - 1, (("card1",),)), (top, None), (0, (("card1",),))):
+            request = plain_request(1, {MEMORY: amount})
+            model.compare(request, ["n"])
+            answer = model.free.decide(model.free.ask(request), ["n"])[0][0]  # type: ignore[arg-type]
+            if expected is None:
+                assert isinstance(answer, Rejection)
+            else:
+                assert answer == expected
 
 
 def test_preferred_and_disabled_cards_keep_the_search_order() -> None:
