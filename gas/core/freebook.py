@@ -121,6 +121,8 @@ class FreeBook:
         # The last names looked up and their rows: kube-scheduler often sends the same.
         self._last_names: list[str] | None = None
         self._last_rows: IntArray = np.zeros(0, np.int64)
+        # Between `suspend` and `replace_books`, changes of the books are not followed.
+        self._suspended = False
         self._allocate(0, 0, _slots_for(0))
 
     # ------------------------------------------------------------ storage
@@ -177,9 +179,10 @@ class FreeBook:
         return layout
 
     def _slot(self, node: str, card: str) -> tuple[int, int] | None:
-        """The row of `node` and slot of `card` on it, when the arrays decide the node."""
+        """The row of `node` and slot of `card` on it, when the arrays decide the node (and
+        follow its book)."""
         row = self._rows.get(node)
-        if row is None:
+        if row is None or self._suspended:
             return None
         layout = self._row_layouts[row]
         slot = None if layout is None else layout.slots.get(card)
@@ -235,9 +238,15 @@ class FreeBook:
             self._cap[:, :count] = np.array([self._capacity(node) for node in fresh], np.int64).T
         self.replace_books(books)
 
+    def suspend(self) -> None:
+        """Every book is about to be rebuilt, then given whole to `replace_books`: until
+        then, changes of single books are not worth following."""
+        self._suspended = True
+
     def replace_books(self, books: Mapping[str, BookView]) -> None:
         """Every node's book afresh from `books` by node name (absent: nothing held): after
         a relist of pods. The nodes stay."""
+        self._suspended = False
         if not self.enabled:
             return
         slots = np.arange(self._free.shape[2])
@@ -366,7 +375,7 @@ class FreeBook:
     def set_blocking(self, node: str, pods: int) -> None:
         """`pods` pods whose annotation named no card now block the whole of `node`."""
         row = self._rows.get(node)
-        if row is not None:
+        if row is not None and not self._suspended:
             self._blocking[row] = pods
 
     # ------------------------------------------------------------ deciding

@@ -28,11 +28,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import compress, repeat
 from typing import Any, cast
 
 from gas.core.allocator import Placement, Policy, Rejection, place
 from gas.core.answers import AnswerCache, Answers, request_shape
+from gas.core.freebook import Ask, BookView, FreeBook
 from gas.core.holdings import PodHolding, PodObservation
 from gas.core.model import (
     Allocation,
@@ -134,22 +135,27 @@ class Ledger:
         self._entries: dict[str, _Entry] = {}
         self._books: dict[str, _NodeBook] = {}
         self._cache = AnswerCache(self._policy)
+        # The books again as arrays, for plain pods on many nodes at once.
+        self._free = FreeBook(self._policy)
 
     # ------------------------------------------------------------ nodes
 
     def set_node(self, node: NodeGpu) -> None:
         with self._lock:
             self._nodes[node.name] = node
+            self._free.set_node(node, self._book_view(node.name))
 
     def remove_node(self, name: str) -> None:
         # Usage stays: pods on a deleted node are released by their own events.
         with self._lock:
             self._nodes.pop(name, None)
+            self._free.remove_node(name)
 
     def replace_nodes(self, nodes: Iterable[NodeGpu]) -> None:
         fresh = {node.name: node for node in nodes}
         with self._lock:
             self._nodes = fresh
+            self._free.replace_nodes(fresh.values(), self._book_views())
 
     def node(self, name: str) -> NodeGpu | None:
         with self._lock:
@@ -211,12 +217,14 @@ class Ledger:
             self._entries = {}
             self._books = {}
             self._cache.clear()
+            self._free.suspend()
             for entry in keep:
                 self._entries[entry.holding.uid] = entry
                 for holding in (entry.holding, *entry.earlier):
                     self._apply(holding, +1)
             for holding in bound:
                 self._put(holding, State.BOUND, listed_at)
+            self._free.replace_books(self._book_views())
 
     # ------------------------------------------------------------ scheduler side
 
@@ -234,17 +242,29 @@ class Ledger:
             names = cast(list[str], items)
             return dict(zip(names, self.check_names(request, names, uid), strict=True))
         shape = request_shape(request)
+        ask = self._free.ask(request)
         with self._lock:
             answers = self._cache.answers(shape)
             own = self._own_pending(uid)
+            # Names, and node objects equal to those gas knows (nodes change rarely), are
+            # answered by name, all together; other node objects one by one.
+            known = [isinstance(item, str) or self._knows(item) for item in items]
+            names = [item if isinstance(item, str) else item.name for item in items]
+            by_name = list(compress(names, known))
+            if ask is not None:
+                answered = self._decide(request, by_name, own, ask)
+            else:
+                answered = self._check_names(request, by_name, own, answers)
+            found = dict(zip(by_name, answered, strict=True))
             results: dict[str, Allocation | Rejection] = {}
-            for item in items:
-                if isinstance(item, str):
-                    results[item] = self._check_names(request, [item], own, answers)[0]
+            for item, name, is_known in zip(items, names, known, strict=True):
+                if is_known:
+                    results[name] = found[name]
                     continue
-                kept = None if own is not None and own.node == item.name else answers.get(item)
-                results[item.name] = (
-                    kept if kept is not None else self._answer(item, request, own, answers)
+                node = cast(NodeGpu, item)
+                kept = None if own is not None and own.node == name else answers.get(node)
+                results[name] = (
+                    kept if kept is not None else self._answer(node, request, own, answers)
                 )
         return results
 
@@ -253,10 +273,33 @@ class Ledger:
     ) -> list[Allocation | Rejection]:
         """`check` of nodes by name, the answers in the order of `names`: what a filter
         asks, of up to thousands of nodes, and a list is quicker to build than a dict."""
-        shape = request_shape(request)
+        ask = self._free.ask(request)
+        # The shape is needed only for pods the arrays do not decide (and nodes they leave).
+        shape = request_shape(request) if ask is None else None
         with self._lock:
-            answers = self._cache.answers(shape)
-            return self._check_names(request, names, self._own_pending(uid), answers)
+            own = self._own_pending(uid)
+            if ask is not None:
+                return self._decide(request, names, own, ask)
+            return self._check_names(request, names, own, self._cache.answers(shape))
+
+    def _decide(
+        self, request: PodRequest, names: Sequence[str], own: PodHolding | None, ask: Ask
+    ) -> list[Allocation | Rejection]:
+        """`check_names` of a pod the arrays decide, with the lock held: the nodes they
+        leave (unknown, not regular, or with the pod's own uncertain bind) are fitted as
+        other pods are."""
+        results, left = self._free.decide(ask, names)
+        if own is not None:
+            # The pod's own uncertain bind: the book the arrays hold is not the pod's.
+            left += [
+                i for i, name in enumerate(names) if name == own.node and results[i] is not None
+            ]
+        if left:
+            answers = self._cache.answers(request_shape(request))
+            redone = self._check_names(request, [names[i] for i in left], own, answers)
+            for index, answer in zip(left, redone, strict=True):
+                results[index] = answer
+        return cast(list[Allocation | Rejection], results)  # every None was redone
 
     def _check_names(
         self,
@@ -265,8 +308,9 @@ class Ledger:
         own: PodHolding | None,
         answers: Answers,
     ) -> list[Allocation | Rejection]:
-        """`check_names` with the lock held. The kept answers are found and validated
-        with C-level passes over the names; only the nodes that changed are fitted here."""
+        """`check_names` with the lock held, one node at a time. The kept answers are found
+        and validated with C-level passes over the names; only the nodes that changed are
+        fitted here."""
         current = list(map(self._nodes.get, names))
         results, redo = answers.kept(names, current)
         if own is not None:
@@ -491,6 +535,18 @@ class Ledger:
             policy=self._policy,
         )
 
+    def _knows(self, node: NodeGpu) -> bool:
+        """Whether `node` is the node object gas has under its name, or one equal to it."""
+        known = self._nodes.get(node.name)
+        return known is node or known == node
+
+    def _book_view(self, node: str) -> BookView:
+        book = self._books.get(node)
+        return _NO_BOOK if book is None else (book.usage, book.blocked, book.blocking_pods)
+
+    def _book_views(self) -> dict[str, BookView]:
+        return {name: (b.usage, b.blocked, b.blocking_pods) for name, b in self._books.items()}
+
     def _put(self, holding: PodHolding, state: State, since: float) -> None:
         if holding.uid in self._entries:
             self._drop(holding.uid)
@@ -503,8 +559,9 @@ class Ledger:
             self._apply(holding, -1)
 
     def _apply(self, holding: PodHolding, sign: int) -> None:
-        self._cache.invalidate(holding.node)
-        book = self._books.setdefault(holding.node, _NodeBook())
+        node = holding.node
+        self._cache.invalidate(node)
+        book = self._books.setdefault(node, _NodeBook())
         for card, resources in holding.usage.items():
             card_usage = book.usage.setdefault(card, {})
             for res, amount in resources.items():
@@ -513,6 +570,7 @@ class Ledger:
                     card_usage[res] = value
                 else:
                     card_usage.pop(res, None)
+            self._free.set_usage(node, card, card_usage, resources)
             if not card_usage:
                 del book.usage[card]
         for card in holding.blocked_cards:
@@ -521,7 +579,10 @@ class Ledger:
                 book.blocked[card] = count
             else:
                 book.blocked.pop(card, None)
-        book.blocking_pods += sign if holding.blocks_node else 0
+            self._free.set_blocked(node, card, count)
+        if holding.blocks_node:
+            book.blocking_pods += sign
+            self._free.set_blocking(node, book.blocking_pods)
         for card, indices in tiles_by_card(holding.tiles).items():
             counts = book.tiles.setdefault(card, {})
             for tile in indices:
@@ -537,6 +598,7 @@ class Ledger:
 
 
 _UNKNOWN_NODE = Rejection("gpu: node is not known to gas", False)
+_NO_BOOK: BookView = ({}, {}, 0)
 
 
 def _without(

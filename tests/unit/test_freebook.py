@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 
 from gas.core.allocator import Placement, Policy, Rejection, place
 from gas.core.freebook import MAX_SLOTS, FreeBook, pack
+from gas.core.holdings import PodObservation, observe_pod
+from gas.core.ledger import Ledger
 from gas.core.model import (
     ANNOTATION_ALLOW,
     ANNOTATION_DENY,
@@ -29,7 +31,15 @@ from gas.core.model import (
     PodRequest,
     pod_request,
 )
-from tests.unit.test_fast_paths import MEMORY, MILLICORES, nodes, policies, requests_for
+from tests.unit.test_fast_paths import (
+    MEMORY,
+    MILLICORES,
+    holding_on,
+    nodes,
+    policies,
+    reference,
+    requests_for,
+)
 
 Usage = dict[str, dict[str, int]]
 
@@ -387,3 +397,130 @@ def test_too_few_usable_cards_are_left_to_place() -> None:
     ask = model.free.ask(plain_request(2, {}))
     assert ask is not None
     assert model.free.decide(ask, ["n", "m"]) == ([None, None], [0, 1])
+
+
+# ---------------------------------------------------------------- in the ledger
+
+LEDGER_NODES = ("n0", "n1", "n2", "n3", "n4")
+
+ledger_operations = st.lists(
+    st.tuples(
+        st.sampled_from(
+            [
+                "check",
+                "check",
+                "reserve",
+                "reserve",
+                "commit",
+                "commit_unknown",
+                "cancel",
+                "observe",
+                "forget",
+                "unreadable",
+                "set_node",
+                "remove_node",
+                "replace_nodes",
+                "relist",
+            ]
+        ),
+        st.sampled_from(LEDGER_NODES),
+        st.integers(0, 7),  # which pod
+        st.integers(0, 4),  # which request
+    ),
+    min_size=1,
+    max_size=50,
+)
+
+
+@st.composite
+def plain_requests(draw: st.DrawFn) -> PodRequest:
+    gpus = draw(st.sampled_from([1, 1, 2, 3]))
+    limits = {MEMORY: gpus * draw(st.integers(0, 5))}
+    if draw(st.booleans()):
+        limits[MILLICORES] = gpus * draw(st.integers(0, 4))
+    return plain_request(gpus, limits)
+
+
+def fresh_copy(ledger: Ledger) -> FreeBook:
+    """The arrays built anew from the ledger's nodes and books."""
+    free = FreeBook(ledger._policy)
+    free.replace_nodes(ledger._nodes.values(), ledger._book_views())
+    return free
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_ledger_check_decides_as_the_search(data: st.DataObject) -> None:
+    """Through any sequence of ledger changes, `check` of plain pods (decided by the
+    arrays) answers as the general search on the ledger's state, and the arrays equal
+    arrays built afresh from the books."""
+    ledger = Ledger(policy=data.draw(policies))
+    pool = {
+        name: [
+            data.draw(nodes(name, plain=data.draw(st.sampled_from([True, True, False]))))
+            for _ in range(2)
+        ]
+        for name in LEDGER_NODES
+    }
+    ledger.replace_nodes(p[0] for p in pool.values())
+    requests = [data.draw(plain_requests()) for _ in range(4)]
+    requests.append(data.draw(requests_for(tuple(f"card{n}" for n in range(12)))))
+    names = [*LEDGER_NODES, "unknown"]
+    for op, name, pod, which in data.draw(ledger_operations):
+        uid = f"pod-{pod}"
+        request = requests[which]
+        node = ledger.node(name) or pool[name][0]
+        if op == "check":
+            for asker in (None, uid):
+                expected = {n: reference(ledger, request, n, asker) for n in names}
+                assert ledger.check(request, names, asker) == expected
+                given_nodes: list[NodeGpu | str] = [ledger.node(n) or n for n in names]
+                assert ledger.check(request, given_nodes, asker) == expected
+        elif op == "reserve":
+            ledger.reserve_placement(uid, "ns", uid, request, name)
+        elif op in ("commit", "commit_unknown"):
+            ledger.commit(uid, landed=op == "commit")
+        elif op == "cancel":
+            ledger.cancel(uid)
+        elif op == "observe":
+            holding = holding_on(node, request, uid)
+            if holding is not None:
+                ledger.observe(PodObservation(uid, "ns", uid, False, holding))
+        elif op == "forget":
+            ledger.forget(uid)
+        elif op == "unreadable":
+            annotation = "card0,junk" if which % 2 else "?"
+            pod_object = {
+                "metadata": {
+                    "uid": uid,
+                    "name": uid,
+                    "namespace": "ns",
+                    "annotations": {"gas-container-cards": annotation},
+                },
+                "spec": {"nodeName": name, "containers": [{"name": "c"}]},
+            }
+            observation = observe_pod(pod_object)
+            assert observation is not None
+            ledger.observe(observation)
+        elif op == "set_node":
+            ledger.set_node(pool[name][which % 2])
+        elif op == "remove_node":
+            ledger.remove_node(name)
+        elif op == "replace_nodes":
+            ledger.replace_nodes(pool[n][which % 2] for n in LEDGER_NODES if n != name)
+        elif op == "relist":
+            bound = [
+                PodObservation(u, h.namespace, h.name, False, h)
+                for u, (h, _) in ledger.holdings().items()
+                if which and h.allocation
+            ]
+            ledger.replace_pods(bound, 0.0)
+    fresh = fresh_copy(ledger)
+    for request in requests:
+        ask = ledger._free.ask(request)
+        if ask is not None:
+            assert ledger._free.decide(ask, names) == fresh.decide(ask, names)
+        for asker in (None, "pod-0"):
+            assert ledger.check(request, names, asker) == {
+                n: reference(ledger, request, n, asker) for n in names
+            }
