@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from gas.core.allocator import Placement, Policy, Rejection, place
@@ -409,6 +409,7 @@ ledger_operations = st.lists(
             [
                 "check",
                 "check",
+                "check",
                 "reserve",
                 "reserve",
                 "commit",
@@ -416,6 +417,7 @@ ledger_operations = st.lists(
                 "cancel",
                 "observe",
                 "forget",
+                "unreadable",
                 "unreadable",
                 "set_node",
                 "remove_node",
@@ -427,8 +429,15 @@ ledger_operations = st.lists(
         st.integers(0, 7),  # which pod
         st.integers(0, 4),  # which request
     ),
-    min_size=1,
-    max_size=50,
+    min_size=10,
+    max_size=60,
+)
+
+# Mostly policies under which plain pods take the arrays (no balanced resource, first fit).
+ledger_policies = st.one_of(
+    st.builds(Policy, allowlist=st.booleans(), denylist=st.booleans()),
+    st.builds(Policy, allowlist=st.booleans(), denylist=st.booleans()),
+    policies,
 )
 
 
@@ -454,7 +463,7 @@ def test_ledger_check_decides_as_the_search(data: st.DataObject) -> None:
     """Through any sequence of ledger changes, `check` of plain pods (decided by the
     arrays) answers as the general search on the ledger's state, and the arrays equal
     arrays built afresh from the books."""
-    ledger = Ledger(policy=data.draw(policies))
+    ledger = Ledger(policy=data.draw(ledger_policies))
     pool = {
         name: [
             data.draw(nodes(name, plain=data.draw(st.sampled_from([True, True, False]))))
@@ -471,6 +480,8 @@ def test_ledger_check_decides_as_the_search(data: st.DataObject) -> None:
         request = requests[which]
         node = ledger.node(name) or pool[name][0]
         if op == "check":
+            event("blocked" if any(b.blocked for b in ledger._books.values()) else "none")
+            event("decided" if ledger._free.ask(request) else "left")
             for asker in (None, uid):
                 expected = {n: reference(ledger, request, n, asker) for n in names}
                 assert ledger.check(request, names, asker) == expected
@@ -489,7 +500,7 @@ def test_ledger_check_decides_as_the_search(data: st.DataObject) -> None:
         elif op == "forget":
             ledger.forget(uid)
         elif op == "unreadable":
-            annotation = "card0,junk" if which % 2 else "?"
+            annotation = "?" if which == 0 else f"{node.cards[which % len(node.cards)]},junk"
             pod_object = {
                 "metadata": {
                     "uid": uid,
