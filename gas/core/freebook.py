@@ -414,13 +414,13 @@ class FreeBook:
         regular, or refused for a reason that needs the node object), whose indices come
         second."""
         rows = self._lookup(names)
-        known = np.flatnonzero(rows >= 0)
+        known = (rows >= 0).nonzero()[0]
         decided = np.zeros(len(rows), np.bool_)
         decided[known] = self._regular[rows[known]]
-        where = np.flatnonzero(decided)
+        where = decided.nonzero()[0]
         table: list[Answer] = []
         code = self._static(ask, rows[where], table)
-        undecided = np.flatnonzero(code == _OPEN)
+        undecided = (code == _OPEN).nonzero()[0]
         if len(undecided):
             self._dynamic(ask, rows[where[undecided]], undecided, code, table)
         left = code == _LEFT
@@ -431,7 +431,7 @@ class FreeBook:
         out = np.empty(len(rows), object)
         keep = ~left
         out[where[keep]] = answers[code[keep]]
-        return out.tolist(), np.flatnonzero(~decided).tolist()
+        return out.tolist(), (~decided).nonzero()[0].tolist()
 
     def _lookup(self, names: Sequence[str]) -> IntArray:
         """The row of each name, -1 for names not known."""
@@ -449,19 +449,28 @@ class FreeBook:
         The code of each row's answer in `table`, `_OPEN` where the usage decides."""
         code = np.full(len(rows), _OPEN, np.int64)
         gpus = ask.gpus
-        ncards = np.take(self._ncards, rows)
+        ncards = self._ncards.take(rows)
+        capacities = []
+        trouble = ncards < gpus
+        for res, amount in ask.needs:
+            column = self._columns.get(res)
+            if column is None:
+                capacity = np.zeros(len(rows), np.int64)
+            else:
+                capacity = self._cap[column].take(rows)
+            capacities.append((res, amount, capacity))
+            trouble |= capacity < max(amount, 1)  # none, or too little
+        blocking = self._blocking.take(rows) > 0
+        few = self._nslots.take(rows) < gpus
+        if not (trouble | blocking | few).any():
+            return code  # the usual case: the usage decides every row
         short = ncards < gpus
         if short.any():
             for value in np.unique(ncards[short]).tolist():
                 code[short & (ncards == value)] = len(table)
                 reason = f"gpu: container asks for {gpus} cards, node has {value}"
                 table.append(Rejection(reason, True))
-        for res, amount in ask.needs:
-            column = self._columns.get(res)
-            if column is None:
-                capacity = np.zeros(len(rows), np.int64)
-            else:
-                capacity = np.take(self._cap[column], rows)
+        for res, amount, capacity in capacities:
             open_ = code == _OPEN
             missing = open_ & (capacity <= 0)
             if missing.any():
@@ -472,11 +481,11 @@ class FreeBook:
                 code[small] = len(table)
                 reason = f"gpu: container needs more {res} per card than a card has"
                 table.append(Rejection(reason, True))
-        blocking = (code == _OPEN) & (np.take(self._blocking, rows) > 0)
+        blocking &= code == _OPEN
         if blocking.any():
             code[blocking] = len(table)
             table.append(Rejection(NODE_BLOCKED, unresolvable=False))
-        code[(code == _OPEN) & (np.take(self._nslots, rows) < gpus)] = _LEFT
+        code[(code == _OPEN) & few] = _LEFT
         return code
 
     def _dynamic(
@@ -484,10 +493,10 @@ class FreeBook:
     ) -> None:
         """First fit on `rows` (the static checks passed), writing each answer's code into
         `code` at `at`."""
-        open_ = np.take(self._open, rows)
+        open_ = self._open.take(rows)
         fits = []
         for res, amount in ask.needs:
-            free = np.take(self._free[self._columns[res]], rows, axis=0)
+            free = self._free[self._columns[res]].take(rows, axis=0)
             fits.append(pack(free >= amount))
         fit = open_.copy()
         for mask in fits:
@@ -521,11 +530,11 @@ class FreeBook:
             lowest = rest & (~rest + one)
             chosen |= lowest
             rest ^= lowest
-        layouts = np.take(self._layout, rows)
+        layouts = self._layout.take(rows)
         if ask.gpus == 1:
             # One card: the key (layout, slot) is a small number; no sorting needed.
             keys = layouts * MAX_SLOTS + np.bitwise_count(chosen - one).astype(np.int64)
-            present = np.flatnonzero(np.bincount(keys))
+            present = np.bincount(keys).nonzero()[0]
             lookup = np.zeros(int(present[-1]) + 1, np.int64)
             for key in present.tolist():
                 number, slot = divmod(key, MAX_SLOTS)
@@ -533,7 +542,7 @@ class FreeBook:
                 table.append(self._allocation(ask, (self._layout_list[number].cards[slot],)))
             code[at] = lookup[keys]
             return
-        for number in np.flatnonzero(np.bincount(layouts)).tolist():
+        for number in np.bincount(layouts).nonzero()[0].tolist():
             mine = layouts == number
             masks, inverse = np.unique(chosen[mine], return_inverse=True)
             cards = self._layout_list[number].cards
@@ -553,7 +562,7 @@ class FreeBook:
         """As `allocator._shortage`: per row, the resource (or "blocked") that keeps the
         most usable cards out, ties to the first name in sorted order. `lacking` holds,
         per resource, the open cards of each row without room for it."""
-        counts: dict[str, IntArray] = {"blocked": np.take(self._nblocked, rows)}
+        counts: dict[str, IntArray] = {"blocked": self._nblocked.take(rows)}
         for res, mask in lacking:
             counts[res] = np.bitwise_count(mask).astype(np.int64)
         best = np.zeros(len(rows), np.int64)
