@@ -16,7 +16,7 @@ setup(
         "requests>=2.31",
         "pyyaml>=6.0",
         "prometheus-client>=0.20",
-        "numpy>=1.26",
+        "numpy>=2.0",
     ],
     extras_require={
         "labeler": ["pyudev>=0.24"],
