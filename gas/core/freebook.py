@@ -123,6 +123,10 @@ class FreeBook:
         self._last_rows: IntArray = np.zeros(0, np.int64)
         # Between `suspend` and `replace_books`, changes of the books are not followed.
         self._suspended = False
+        # Changes so far, and the last answers with the count they were given at: the same
+        # question about the same names with nothing changed gets them again.
+        self._changes = 0
+        self._memo: tuple[Ask, int, list[Answer | None], list[int]] | None = None
         self._allocate(0, 0, _slots_for(0))
 
     # ------------------------------------------------------------ storage
@@ -192,6 +196,7 @@ class FreeBook:
 
     def set_node(self, node: NodeGpu, book: BookView) -> None:
         """Add or replace `node`, whose book holds `book`."""
+        self._changes += 1
         if not self.enabled:
             return
         row = self._rows.get(node.name)
@@ -205,6 +210,7 @@ class FreeBook:
         self._fill(row, node, book)
 
     def remove_node(self, name: str) -> None:
+        self._changes += 1
         row = self._rows.pop(name, None)
         if row is None:
             return
@@ -216,6 +222,7 @@ class FreeBook:
     def replace_nodes(self, nodes: Iterable[NodeGpu], books: Mapping[str, BookView]) -> None:
         """Every node afresh, with its book from `books` by node name (absent: nothing
         held): after a relist of nodes."""
+        self._changes += 1
         if not self.enabled:
             return
         fresh = list({node.name: node for node in nodes}.values())  # the last of a name wins
@@ -241,11 +248,13 @@ class FreeBook:
     def suspend(self) -> None:
         """Every book is about to be rebuilt, then given whole to `replace_books`: until
         then, changes of single books are not worth following."""
+        self._changes += 1
         self._suspended = True
 
     def replace_books(self, books: Mapping[str, BookView]) -> None:
         """Every node's book afresh from `books` by node name (absent: nothing held): after
         a relist of pods. The nodes stay."""
+        self._changes += 1
         self._suspended = False
         if not self.enabled:
             return
@@ -349,6 +358,7 @@ class FreeBook:
         self, node: str, card: str, used: Mapping[str, int], changed: Iterable[str]
     ) -> None:
         """The book of `node` now holds `used` on `card`; the resources `changed` moved."""
+        self._changes += 1
         place = self._slot(node, card)
         if place is None:
             return  # a card the node does not have, or a node left to `place`
@@ -361,6 +371,7 @@ class FreeBook:
 
     def set_blocked(self, node: str, card: str, pods: int) -> None:
         """`pods` pods whose annotation could not be read now block `card` of `node`."""
+        self._changes += 1
         place = self._slot(node, card)
         if place is None:
             return
@@ -374,6 +385,7 @@ class FreeBook:
 
     def set_blocking(self, node: str, pods: int) -> None:
         """`pods` pods whose annotation named no card now block the whole of `node`."""
+        self._changes += 1
         row = self._rows.get(node)
         if row is not None and not self._suspended:
             self._blocking[row] = pods
@@ -413,7 +425,10 @@ class FreeBook:
         current book; None for the nodes left to `place` (unknown to the book, not
         regular, or refused for a reason that needs the node object), whose indices come
         second."""
-        rows = self._lookup(names)
+        rows, repeated = self._lookup(names)
+        memo = self._memo
+        if repeated and memo is not None and memo[1] == self._changes and memo[0] == ask:
+            return list(memo[2]), list(memo[3])
         known = (rows >= 0).nonzero()[0]
         decided = np.zeros(len(rows), np.bool_)
         decided[known] = self._regular[rows[known]]
@@ -431,16 +446,20 @@ class FreeBook:
         out = np.empty(len(rows), object)
         keep = ~left
         out[where[keep]] = answers[code[keep]]
-        return out.tolist(), (~decided).nonzero()[0].tolist()
+        found: list[Answer | None] = out.tolist()
+        left_out: list[int] = (~decided).nonzero()[0].tolist()
+        self._memo = (ask, self._changes, found, left_out)
+        return list(found), list(left_out)
 
-    def _lookup(self, names: Sequence[str]) -> IntArray:
-        """The row of each name, -1 for names not known."""
+    def _lookup(self, names: Sequence[str]) -> tuple[IntArray, bool]:
+        """The row of each name, -1 for names not known; whether the names are those of
+        the last lookup."""
         listed = names if isinstance(names, list) else list(names)
         if self._last_names is not None and listed == self._last_names:
-            return self._last_rows
+            return self._last_rows, True
         rows = np.fromiter(map(self._rows.get, listed, repeat(-1)), np.int64, len(listed))
         self._last_names, self._last_rows = list(listed), rows
-        return rows
+        return rows, False
 
     def _static(self, ask: Ask, rows: IntArray, table: list[Answer]) -> IntArray:
         """Reasons that hold whatever the usage, as `place` checks them in order: too few

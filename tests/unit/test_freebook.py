@@ -18,7 +18,7 @@ import numpy as np
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from gas.core.allocator import Placement, Policy, Rejection, place
+from gas.core.allocator import NODE_BLOCKED, Placement, Policy, Rejection, place
 from gas.core.freebook import MAX_SLOTS, FreeBook, pack
 from gas.core.holdings import PodObservation, observe_pod
 from gas.core.ledger import Ledger
@@ -535,3 +535,47 @@ def test_ledger_check_decides_as_the_search(data: st.DataObject) -> None:
             assert ledger.check(request, names, asker) == {
                 n: reference(ledger, request, n, asker) for n in names
             }
+
+
+def test_answers_follow_every_change() -> None:
+    """The same question about the same nodes gets a new answer after each kind of change
+    (the arrays keep their last answers while nothing changes)."""
+    model = Model(Policy())
+    node = NodeGpu("n", ("card0", "card1"), {I915: 2, MEMORY: 8})
+    model.set_node(node)
+    request = plain_request(1, {MEMORY: 6})
+    ask = model.free.ask(request)
+    assert ask is not None
+    first = (("card0",),)
+    second = (("card1",),)
+    full = Rejection("gpu: not enough free gpu.intel.com/memory.max on the node's cards", False)
+
+    def answer() -> object:
+        model.compare(request, ["n"])
+        return model.free.decide(ask, ["n"])[0][0]
+
+    assert answer() == first
+    model.apply("n", Hold({"card0": {MEMORY: 4}}), +1)
+    assert answer() == second
+    model.apply("n", Hold({"card0": {MEMORY: 4}}), -1)
+    assert answer() == first
+    model.apply("n", Hold({}, frozenset({"card0"})), +1)
+    assert answer() == second
+    model.apply("n", Hold({}, frozenset({"card0"})), -1)
+    assert answer() == first
+    model.apply("n", Hold({}, blocks_node=True), +1)
+    assert answer() == Rejection(NODE_BLOCKED, False)
+    model.apply("n", Hold({}, blocks_node=True), -1)
+    assert answer() == first
+    model.set_node(NodeGpu("n", ("card0", "card1"), {I915: 2, MEMORY: 8}, preferred="card1"))
+    assert answer() == second
+    model.remove_node("n")
+    assert model.free.decide(ask, ["n"]) == ([None], [0])
+    model.set_node(node)
+    assert answer() == first
+    model.books["n"] = Book({"card0": {MEMORY: 8}, "card1": {MEMORY: 8}})
+    model.relist_pods()
+    assert answer() == full
+    model.books.clear()
+    model.relist()
+    assert answer() == first
