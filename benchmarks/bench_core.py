@@ -2,7 +2,8 @@
 
 Three filter workloads, each at 100, 1,000 and 5,000 nodes, half and nine tenths full:
 
-- same shape: one pod shape asked again and again (the ledger's kept answers help most);
+- same shape: one pod shape asked again and again about the same nodes, nothing changing
+  (the last answers are given again);
 - 64 shapes: pod shapes in turn, more than the ledger keeps answers for, so every filter
   is for a shape it has no answers for (a real queue has many shapes);
 - churn: the 64 shapes, each filter followed by a reserve and commit on a node the pod
