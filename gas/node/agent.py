@@ -139,11 +139,9 @@ class Plugins:
             plugin.set_cards(every, gone)
 
 
-def _publisher(
-    core: NodeCoreApi, node: str, shares: int, numa: bool
-) -> Callable[[list[Card]], bool]:
+def _publisher(core: NodeCoreApi, node: str, numa: bool) -> Callable[[list[Card]], bool]:
     """The node labels and capacity writer."""
-    return NodePublisher(core, node, shares_per_card=shares, numa=numa).publish
+    return NodePublisher(core, node, numa=numa).publish
 
 
 def run(args: argparse.Namespace) -> int:
@@ -198,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         server.start()
 
     plugins = Plugins(make, start)
-    publish = _publisher(core, node, args.shares_per_card, args.numa)
+    publish = _publisher(core, node, args.numa)
 
     def on_change(cards: list[Card]) -> bool:
         plugins.update(cards)

@@ -29,15 +29,9 @@ CAPACITY_KEYS = (MEMORY, MILLICORES, TILES)
 MILLICORES_PER_CARD = 1000
 
 
-def capacity_for(cards: Sequence[Card], shares_per_card: int) -> dict[str, str]:
-    """The node's totals for `cards`; none for no cards.
-
-    `shares_per_card` (how many containers may share a card) must be at least 1; the
-    totals do not depend on it, as a card offers its whole memory and 1000 millicores
-    however many containers share it.
-    """
-    if shares_per_card < 1:
-        raise ValueError(f"shares per card must be at least 1, not {shares_per_card}")
+def capacity_for(cards: Sequence[Card]) -> dict[str, str]:
+    """The node's totals for `cards`; none for no cards. How many containers share a card
+    does not enter: a card offers its whole memory and 1000 millicores however many do."""
     if not cards:
         return {}
     return {

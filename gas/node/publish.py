@@ -76,19 +76,15 @@ class NodePublisher:
     api: Any
     node: str
     numa: bool = False
-    shares_per_card: int = 10
     allocatable_wait: float = ALLOCATABLE_WAIT
     clock: Callable[[], float] = time.monotonic
     _waiting_since: float | None = field(default=None, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        capacity_for([], self.shares_per_card)  # a bad count fails here, not at each change
 
     def publish(self, cards: Sequence[Card]) -> bool:
         """Write the node's labels and capacity for `cards`; False (after logging why) when
         it failed or must wait for the kubelet, so the caller tries again later."""
         labels = labels_for(cards, self.numa)
-        capacity = capacity_for(cards, self.shares_per_card)
+        capacity = capacity_for(cards)
         try:
             node = read_node(self.api, self.node)
             current = labels_of(node)

@@ -3,6 +3,8 @@ that bring a node there."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from gas.core.model import (
@@ -12,6 +14,7 @@ from gas.core.model import (
     node_cards,
     node_from_object,
 )
+from gas.node.agent import add_arguments
 from gas.node.capacity import (
     MEMORY,
     MILLICORES,
@@ -27,7 +30,7 @@ from gas.node.labels import (
     labels_for,
     managed_bases,
 )
-from gas.node.publish import NodePublisher, allocatable_followed
+from gas.node.publish import allocatable_followed
 
 GIB = 1024**3
 
@@ -64,15 +67,12 @@ def test_the_tile_label_is_owned_without_continuations() -> None:
 
 
 def test_capacity_totals() -> None:
-    assert capacity_for(CARDS, shares_per_card=10) == {
+    assert capacity_for(CARDS) == {
         MEMORY: str(80 * GIB),
         MILLICORES: "3000",
         LABEL_TILES: "5",
     }
-    assert capacity_for(CARDS, 1) == capacity_for(CARDS, 64)
-    assert capacity_for([], 10) == {}
-    with pytest.raises(ValueError, match="at least 1"):
-        capacity_for(CARDS, 0)
+    assert capacity_for([]) == {}
 
 
 def test_gas_reads_back_a_card_of_the_node_as_each_cards_share() -> None:
@@ -81,7 +81,7 @@ def test_gas_reads_back_a_card_of_the_node_as_each_cards_share() -> None:
     cards = [card(n, tiles=2, memory=8 * GIB) for n in range(4)]
     node = {
         "metadata": {"name": "n1", "labels": labels_for(cards)},
-        "status": {"allocatable": capacity_for(cards, 10)},
+        "status": {"allocatable": capacity_for(cards)},
     }
     gpu = node_from_object(node)
     assert gpu.problem is None
@@ -90,7 +90,7 @@ def test_gas_reads_back_a_card_of_the_node_as_each_cards_share() -> None:
 
 
 def test_capacity_changes_touch_owned_keys_only() -> None:
-    desired = capacity_for(CARDS, 10)
+    desired = capacity_for(CARDS)
     # The API server writes quantities in canonical form: the same amount is no change.
     same = {MEMORY: "80Gi", MILLICORES: "3k", LABEL_TILES: "5"}
     assert capacity_changes(same, desired) == {}
@@ -107,7 +107,7 @@ def test_capacity_changes_touch_owned_keys_only() -> None:
 
 
 def test_allocatable_followed() -> None:
-    desired = capacity_for(CARDS[:1], 10)
+    desired = capacity_for(CARDS[:1])
     node = {"status": {"allocatable": {MEMORY: "80Gi", MILLICORES: "3000", "cpu": "8"}}}
     assert not allocatable_followed(node, desired)
     node["status"]["allocatable"] = {MEMORY: "32Gi", MILLICORES: "1000"}
@@ -116,6 +116,10 @@ def test_allocatable_followed() -> None:
     assert not allocatable_followed(node, {})
 
 
-def test_a_bad_share_count_fails_at_once() -> None:
-    with pytest.raises(ValueError, match="at least 1"):
-        NodePublisher(api=None, node="n1", shares_per_card=0)
+def test_a_bad_share_count_is_refused_with_the_flags() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(["--shared-dev-num", "3"]).shares_per_card == 3
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--shares-per-card", bad])
