@@ -7,17 +7,30 @@ the Binding, that costs more than the write itself (p50 6.5 ms through the model
 models but nothing else the client settles from its configuration: they go through the
 same kept-alive urllib3 pool (host, CA, client certificate, TLS server name, proxy,
 retries) with the same headers, and read the credentials through
-`Configuration.auth_settings()` on every request, so a token that the configuration
-refreshes (exec plugins, projected service-account tokens) is used as soon as it changes.
+`Configuration.auth_settings()`, so a token that the configuration refreshes (exec
+plugins, projected service-account tokens) is used once it changes (see
+CREDENTIALS_SECONDS).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 from urllib.parse import quote, urlencode
 
 import urllib3
 from kubernetes import client
+
+CREDENTIALS_SECONDS = 1.0
+"""How long credentials read from the configuration are used before being read again.
+
+Reading them runs the configuration's refresh hook, through which the kubeconfig and
+in-cluster loaders reload an expiring token; the hook also assigns the host again, which
+scans the process environment for proxies: a tenth of a bind's CPU, read every request
+(more in a pod whose namespace has many services, each adding environment variables). A
+token the loader replaced is in use within this long, and a 401 answer reads the
+credentials again at once and sends the request once more."""
 
 
 class Reply(NamedTuple):
@@ -37,6 +50,13 @@ BINDING_PATH = POD_PATH + "/binding"
 EVENTS_PATH = "/api/v1/namespaces/{namespace}/events"
 
 
+class _Credentials(NamedTuple):
+    read_at: float
+    headers: dict[str, str]  # the client's headers with the credentials
+    json_headers: dict[str, str]  # the same, for a JSON body
+    query: str  # "" or "?" and credentials that go in the query
+
+
 class PreparedApi:
     """Prepared requests to the API server of `api_client`'s configuration. Thread-safe,
     as its pool is.
@@ -44,16 +64,29 @@ class PreparedApi:
     The operations carry the names of the generated client's (`CoreV1Api`), so what gas
     calls, and the RBAC rules it needs, read the same whichever way a call is made."""
 
-    def __init__(self, api_client: client.ApiClient) -> None:
+    def __init__(
+        self, api_client: client.ApiClient, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._configuration: Any = api_client.configuration
         self._pool: urllib3.PoolManager = api_client.rest_client.pool_manager
-        self._host: str = self._configuration.host
+        # Without a trailing slash, so that a host with a path joins the API's paths once.
+        self._host: str = str(self._configuration.host).rstrip("/")
         self._safe: str = self._configuration.safe_chars_for_path_param
+        self._clock = clock
         headers: dict[str, str] = {str(k): str(v) for k, v in api_client.default_headers.items()}
         if api_client.cookie:
             headers["Cookie"] = str(api_client.cookie)
         headers["Accept"] = "application/json"
         self._headers = headers
+        self._credentials: _Credentials | None = None
+        # Straight to the host's connection pool, as the manager would pick it, without
+        # parsing the URL each time; through a proxy, the manager's own routing.
+        url = urllib3.util.parse_url(self._host)
+        self._direct = type(self._pool) is urllib3.PoolManager
+        self._scheme = url.scheme or "http"
+        self._hostname = url.host or ""
+        self._port = url.port
+        self._prefix = (url.path or "").rstrip("/")
 
     def read_namespaced_pod(self, name: str, namespace: str, timeout: tuple[float, float]) -> Reply:
         """GET the pod (RBAC: `get` on pods)."""
@@ -86,9 +119,19 @@ class PreparedApi:
     ) -> Reply:
         """Send `body` (JSON) to `path`; the reply whatever its status. Transport failures
         (connection refused, TLS, timeouts) raise urllib3's exceptions."""
+        credentials = self._credentials
+        fresh = credentials is None or self._clock() - credentials.read_at >= CREDENTIALS_SECONDS
+        if credentials is None or fresh:
+            credentials = self._read_credentials()
+        reply = self._send(method, path, body, timeout, credentials)
+        if reply.status == 401 and not fresh:
+            # Refused unread (401 comes before anything is applied): the token may have
+            # been replaced since it was read.
+            reply = self._send(method, path, body, timeout, self._read_credentials())
+        return reply
+
+    def _read_credentials(self) -> _Credentials:
         headers = dict(self._headers)
-        if body is not None:
-            headers["Content-Type"] = "application/json"
         query: list[tuple[str, str]] = []
         for setting in self._configuration.auth_settings().values():
             value = setting.get("value")
@@ -98,15 +141,34 @@ class PreparedApi:
                 headers[setting["key"]] = str(value)
             elif setting["in"] == "query":
                 query.append((setting["key"], str(value)))
-        url = self._host + path
-        if query:
-            url += "?" + urlencode(query)
-        response = self._pool.request(
-            method,
-            url,
-            body=body,
-            headers=headers,
-            timeout=urllib3.Timeout(connect=timeout[0], read=timeout[1]),
-            preload_content=True,
-        )
+        json_headers = dict(headers, **{"Content-Type": "application/json"})
+        suffix = "?" + urlencode(query) if query else ""
+        credentials = _Credentials(self._clock(), headers, json_headers, suffix)
+        self._credentials = credentials
+        return credentials
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        timeout: tuple[float, float],
+        credentials: _Credentials,
+    ) -> Reply:
+        headers = credentials.headers if body is None else credentials.json_headers
+        options: dict[str, Any] = {
+            "body": body,
+            "headers": headers,
+            "timeout": urllib3.Timeout(connect=timeout[0], read=timeout[1]),
+            "preload_content": True,
+            "redirect": False,
+        }
+        if self._direct:
+            pool = self._pool.connection_from_host(
+                self._hostname, port=self._port, scheme=self._scheme
+            )
+            target = self._prefix + path + credentials.query
+            response = pool.urlopen(method, target, assert_same_host=False, **options)
+        else:
+            response = self._pool.urlopen(method, self._host + path + credentials.query, **options)
         return Reply(response.status, response.reason or "", response.data)

@@ -179,7 +179,14 @@ class Ledger:
                 if entry is not None:
                     self._drop(observation.uid)
             elif observation.holding is not None:
-                self._put(observation.holding, State.BOUND, now)
+                if entry is not None and not entry.earlier and entry.holding == observation.holding:
+                    # What gas counts already (a bind's own watch event, most often): only
+                    # the state moves on, so the node's kept answers and arrays stay valid.
+                    entry.state = State.BOUND
+                    entry.since = now
+                    entry.replaced = None
+                else:
+                    self._put(observation.holding, State.BOUND, now)
             elif entry is not None and entry.state is State.BOUND:
                 # The cluster no longer shows gas's annotation on a bound pod.
                 self._drop(observation.uid)
@@ -367,7 +374,9 @@ class Ledger:
                 node_name,
                 result.cards,
                 allocation_usage(request, result.cards),
-                tiles=result.tiles,
+                # No tiles as the watch shows them (no annotation), so that the bind's own
+                # watch event finds the holding unchanged.
+                tiles=result.tiles if any(result.tiles) else (),
             )
             # The earlier attempt's usage stays applied, now owned by the new entry.
             earlier = () if entry is None else (*entry.earlier, entry.holding)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import gc
 import logging
+import math
 import os
 import re
 import signal
@@ -286,6 +287,16 @@ class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
     pool's lock and the worker hangs until the master kills it. Quick shutdown means
     in-flight requests are dropped anyway, so leave without touching the pool.
     """
+
+    _notified_at = -math.inf
+
+    def notify(self) -> None:
+        # gthread tells the master it is alive on every turn of its loop, which turns twice
+        # per request, a system call each time; the master needs a sign once per timeout.
+        now = time.monotonic()
+        if now - self._notified_at >= min(1.0, self.timeout / 4):
+            self._notified_at = now
+            super().notify()
 
     def handle(self, conn: Any) -> Any:
         if not conn.is_http2:

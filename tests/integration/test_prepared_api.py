@@ -20,6 +20,7 @@ import pytest
 from kubernetes import client
 
 from gas.cluster.kube import KubeCluster, load_api_client
+from gas.cluster.prepared import CREDENTIALS_SECONDS, PreparedApi
 from gas.cluster.protocol import BindRejected, BindUncertain, ClusterError
 from gas.core.ledger import Ledger
 from tests.support.apiserver import ApiServerDouble
@@ -131,6 +132,7 @@ class Seen:
     requests: list[tuple[str, str, dict[str, str], bytes]] = field(default_factory=list)
     client_names: list[str] = field(default_factory=list)
     connections: int = 0
+    revoked: set[str] = field(default_factory=set)  # tokens answered 401
 
 
 class _Recorder(BaseHTTPRequestHandler):
@@ -164,6 +166,9 @@ class _Recorder(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         self.seen.requests.append(("POST", self.path, self._headers(), body))
+        if self._headers().get("authorization") in self.seen.revoked:
+            self._answer(401, {"kind": "Status", "status": "Failure", "code": 401})
+            return
         self._answer(201, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
 
     def do_GET(self) -> None:
@@ -189,10 +194,9 @@ def recorder(tls_files: TLSFiles) -> Iterator[tuple[int, Seen]]:
     server.server_close()
 
 
-def test_requests_carry_refreshed_tokens_and_the_client_certificate(
-    recorder: tuple[int, Seen], tls_files: TLSFiles, tmp_path: Path
-) -> None:
-    port, seen = recorder
+def rotating_configuration(port: int, tls_files: TLSFiles) -> client.Configuration:
+    """The recorder's address and TLS files, and a token that changes each time the
+    configuration's refresh hook runs: token-1, token-2, ..."""
     configuration = client.Configuration()
     configuration.host = f"https://127.0.0.1:{port}"
     configuration.ssl_ca_cert = tls_files.ca
@@ -207,7 +211,14 @@ def test_requests_carry_refreshed_tokens_and_the_client_certificate(
         config.api_key["BearerToken"] = f"token-{next(rotations)}"
 
     cast(Any, configuration).refresh_api_key_hook = refresh
-    api_client = client.ApiClient(configuration)
+    return configuration
+
+
+def test_requests_carry_refreshed_tokens_and_the_client_certificate(
+    recorder: tuple[int, Seen], tls_files: TLSFiles, tmp_path: Path
+) -> None:
+    port, seen = recorder
+    api_client = client.ApiClient(rotating_configuration(port, tls_files))
     try:
         cluster = KubeCluster(Ledger(), api_client)
         cluster.bind(pending_pod(), "n1", ANNOTATIONS)
@@ -222,7 +233,9 @@ def test_requests_carry_refreshed_tokens_and_the_client_certificate(
         ("POST", "/api/v1/namespaces/default/pods/q/binding"),
     ]
     tokens = [headers["authorization"] for _, _, headers, _ in seen.requests]
-    assert tokens == ["Bearer token-1", "Bearer token-2", "Bearer token-3"]
+    # Read through the refresh hook, never the token the configuration started with.
+    assert tokens[0] == "Bearer token-1"
+    assert all(t.startswith("Bearer token-") and t != "Bearer token-0" for t in tokens)
     assert seen.connections == 1  # one TLS handshake: the pool kept the connection
     assert seen.client_names == ["kube-scheduler"]
     _, _, headers, body = seen.requests[0]
@@ -239,3 +252,84 @@ def test_requests_carry_refreshed_tokens_and_the_client_certificate(
         },
         "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"},
     }
+
+
+def test_credentials_are_read_again_each_second_and_after_a_401(
+    recorder: tuple[int, Seen], tls_files: TLSFiles
+) -> None:
+    port, seen = recorder
+    api_client = client.ApiClient(rotating_configuration(port, tls_files))
+    now = [100.0]
+    api = PreparedApi(api_client, clock=lambda: now[0])
+
+    def bind(name: str) -> int:
+        return api.create_namespaced_pod_binding(name, "default", b"{}", (5, 5)).status
+
+    try:
+        assert bind("a") == 201
+        now[0] += CREDENTIALS_SECONDS / 2
+        assert bind("b") == 201  # the token read for "a"
+        now[0] += CREDENTIALS_SECONDS / 2
+        assert bind("c") == 201  # read again: a second has passed
+        # The API server stops taking the token in use: the 401 makes gas read the
+        # credentials at once, and the request goes again with the new token.
+        seen.revoked.add("Bearer token-2")
+        assert bind("d") == 201
+        # A 401 on credentials just read is the API server's answer: sent once.
+        seen.revoked.add("Bearer token-4")
+        now[0] += CREDENTIALS_SECONDS
+        assert bind("e") == 401
+    finally:
+        api_client.close()
+    sent = [(path.split("/")[-2], h["authorization"]) for _, path, h, _ in seen.requests]
+    assert sent == [
+        ("a", "Bearer token-1"),
+        ("b", "Bearer token-1"),
+        ("c", "Bearer token-2"),
+        ("d", "Bearer token-2"),
+        ("d", "Bearer token-3"),
+        ("e", "Bearer token-4"),
+    ]
+    assert seen.connections == 1
+
+
+def test_requests_go_through_the_configured_proxy() -> None:
+    # The recorder, in plain HTTP, stands as the proxy: a request for the API server's
+    # address reaches it in absolute form, as a forward proxy receives it.
+    seen = Seen()
+    handler = type("Proxy", (_Recorder,), {"seen": seen, "setup": BaseHTTPRequestHandler.setup})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    configuration = client.Configuration()
+    configuration.host = "http://apiserver.invalid:6443/prefix"
+    configuration.proxy = f"http://127.0.0.1:{server.server_address[1]}"
+    api_client = client.ApiClient(configuration)
+    try:
+        reply = PreparedApi(api_client).create_namespaced_pod_binding("p", "default", b"{}", (5, 5))
+    finally:
+        api_client.close()
+        server.shutdown()
+        server.server_close()
+    assert reply.status == 201
+    assert [(m, p) for m, p, _, _ in seen.requests] == [
+        ("POST", "http://apiserver.invalid:6443/prefix/api/v1/namespaces/default/pods/p/binding")
+    ]
+
+
+def test_a_host_with_a_path_keeps_it(recorder: tuple[int, Seen], tls_files: TLSFiles) -> None:
+    # As behind an API gateway that serves several clusters under their own paths.
+    port, seen = recorder
+    configuration = rotating_configuration(port, tls_files)
+    configuration.host = f"https://127.0.0.1:{port}/clusters/c-1/"
+    api_client = client.ApiClient(configuration)
+    try:
+        api = PreparedApi(api_client)
+        assert api.create_namespaced_pod_binding("p", "default", b"{}", (5, 5)).status == 201
+        assert api.read_namespaced_pod("p", "default", (5, 5)).status == 200
+    finally:
+        api_client.close()
+    assert [(m, p) for m, p, _, _ in seen.requests] == [
+        ("POST", "/clusters/c-1/api/v1/namespaces/default/pods/p/binding"),
+        ("GET", "/clusters/c-1/api/v1/namespaces/default/pods/p"),
+    ]

@@ -329,6 +329,7 @@ operations = st.lists(
                 "commit",
                 "cancel",
                 "observe",
+                "confirm",
                 "forget",
                 "unreadable",
                 "set_node",
@@ -384,6 +385,11 @@ def test_ledger_answers_match_the_search(data: st.DataObject) -> None:
             holding = holding_on(node, request, uid)
             if holding is not None:
                 ledger.observe(PodObservation(uid, "ns", uid, False, holding))
+        elif op == "confirm":
+            # The watch shows the pod bound as gas counts it: its own bind's event.
+            held = ledger.holdings().get(uid)
+            if held is not None:
+                ledger.observe(PodObservation(uid, "ns", uid, False, held[0]))
         elif op == "unreadable":
             observation = observe_pod(
                 {

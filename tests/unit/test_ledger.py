@@ -249,6 +249,35 @@ def test_commit_then_watch_keeps_exactly_one_entry() -> None:
     assert holding.allocation == (("card0",),)
 
 
+def test_a_bind_confirmed_by_the_watch_keeps_the_nodes_kept_answers() -> None:
+    # The watch event a bind causes changes nothing gas counts: the answers kept for the
+    # node stay, so the next filter of the same shape does not fit the node again. (Two
+    # GPU containers: a pod the kept answers decide, not the arrays.)
+    ledger = ledger_with(make_node("n1", "0.1", i915="8", memory_max="32G"))
+    pod = make_pod("a", ctr("x", i915="1", memory_max="2G"), ctr("y", i915="1", memory_max="2G"))
+    request = pod_request(pod)
+    assert reserve_pod(ledger, pod, "n1") == (("card0",), ("card0",))
+    ledger.commit("uid-a")
+    assert ledger.check(request, ["n1"]) == {"n1": (("card0",), ("card0",))}
+    fitted: list[str] = []
+    original = ledger._place
+
+    def counting_place(node: NodeGpu, *rest: Any) -> Any:
+        fitted.append(node.name)
+        return original(node, *rest)
+
+    ledger._place = counting_place  # type: ignore[method-assign]
+    ledger.observe(obs(bound_copy(pod, "n1", "card0|card0")))
+    assert states(ledger) == {"uid-a": State.BOUND}
+    assert ledger.check(request, ["n1"]) == {"n1": (("card0",), ("card0",))}
+    assert fitted == []
+    # Bound to other cards than gas counted: the node's answers go with the old usage.
+    ledger.observe(obs(bound_copy(pod, "n1", "card1|card1")))
+    assert ledger.usage("n1") == {"card1": {I915: 2, MEM: 4 * G}}
+    assert ledger.check(request, ["n1"]) == {"n1": (("card0",), ("card0",))}
+    assert fitted == ["n1"]
+
+
 def test_watch_before_commit_wins_and_commit_keeps_bound() -> None:
     ledger = ledger_with(make_node("n1", "0", i915="2"))
     pod = make_pod("a")
