@@ -266,7 +266,7 @@ def test_a_bind_confirmed_by_the_watch_keeps_the_nodes_kept_answers() -> None:
         fitted.append(node.name)
         return original(node, *rest)
 
-    ledger._place = counting_place  # type: ignore[method-assign]
+    ledger._place = counting_place  # type: ignore[method-assign,assignment]
     ledger.observe(obs(bound_copy(pod, "n1", "card0|card0")))
     assert states(ledger) == {"uid-a": State.BOUND}
     assert ledger.check(request, ["n1"]) == {"n1": (("card0",), ("card0",))}
