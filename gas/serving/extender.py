@@ -231,10 +231,13 @@ def _read_body(environ: WSGIEnvironment, limit: int | None) -> bytes:
         environ.get("CONTENT_LENGTH"), environ.get("HTTP_TRANSFER_ENCODING")
     )
     try:
-        if limit is None or length is not None:
+        if limit is None or "wsgi.input_terminated" not in environ:
             # As Flask's request.get_data(): refuses a declared size over the limit.
             return get_input_stream(environ, max_content_length=limit).read()
-        # Chunked: read the server's own (terminated) stream, one byte past the limit.
+        if length is not None and length > limit:
+            raise RequestEntityTooLarge()
+        # The server ends the stream (at Content-Length, or after the last chunk): read
+        # it whole, one byte past the limit, in one call.
         data = environ["wsgi.input"].read(limit + 1)
     except OSError as exc:  # the client stalled past the server's read deadline
         raise RequestTimeout(f"the request body did not arrive in time: {exc}") from None
