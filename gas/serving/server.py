@@ -228,6 +228,7 @@ class _SingleWorkerArbiter(Arbiter):  # type: ignore[misc]
 REQUEST_READ_TIMEOUT = 30.0
 _PREBUFFER_LIMIT = 512 * 1024
 _HEAD_LIMIT = 64 * 1024
+_TLS_RECORD = 16 * 1024  # the most plaintext one TLS record carries
 _HEADER = re.compile(rb"\r\n([A-Za-z0-9-]+)[ \t]*:[ \t]*([^\r\n]*)")
 _LAST_CHUNK = re.compile(rb"(?:^|\r\n)0+[ \t]*(?:;[^\r\n]*)?\r\n(?:[^\r\n]+\r\n)*\r\n")
 
@@ -338,7 +339,8 @@ class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
             started = conn.gas_request_started = time.monotonic()
         buffer = unreader.buf
         buffer.seek(0, os.SEEK_END)
-        eof = False
+        limit = getattr(self.wsgi, "config", {}).get("MAX_CONTENT_LENGTH")
+        eof = complete = False
         conn.sock.setblocking(False)
         try:
             while buffer.tell() <= _PREBUFFER_LIMIT + _HEAD_LIMIT:
@@ -350,10 +352,14 @@ class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
                     eof = True
                     break
                 buffer.write(data)
+                # Less than a full TLS record: most often the whole of a small request,
+                # which then needs no further read to find the socket drained.
+                if len(data) < _TLS_RECORD and _request_complete(buffer.getvalue(), limit):
+                    complete = True
+                    break
         finally:
             conn.sock.setblocking(True)
-        limit = getattr(self.wsgi, "config", {}).get("MAX_CONTENT_LENGTH")
-        if eof or _request_complete(buffer.getvalue(), limit):
+        if eof or complete or _request_complete(buffer.getvalue(), limit):
             conn.gas_request_started = None
             unreader.sock.deadline = started + REQUEST_READ_TIMEOUT
             return True
