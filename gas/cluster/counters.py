@@ -1,4 +1,4 @@
-"""Counters of the cluster side (relists, watch restarts, settled uncertain binds).
+"""Counters of the cluster side (relists, list and watch restarts, settled uncertain binds).
 
 They live here rather than with the extender's metrics so that `cluster` does not import
 `serving`; the extender registers them in its own registry.
@@ -20,6 +20,13 @@ class SyncCounters:
         self.watch_restarts = Counter(
             "gas_watch_restarts",
             "Times a watch of the API server was started again, by resource.",
+            ["resource"],
+            registry=registry,
+        )
+        self.list_restarts = Counter(
+            "gas_list_restarts",
+            "Times a list of the API server was started over because its continue token "
+            "expired (410) between two pages, by resource.",
             ["resource"],
             registry=registry,
         )

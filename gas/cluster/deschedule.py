@@ -220,8 +220,10 @@ class Descheduler(threading.Thread):
         with self._cond:
             self._nodes.pop(name, None)
 
-    def pods_listed(self, pods: Iterable[Mapping[str, Any]]) -> None:
-        facts = [f for f in map(pod_facts, pods) if f is not None]
+    def pods_listed(self, listed: Iterable[PodFacts]) -> None:
+        """A full pod list, as `pod_facts` of its pods (those gas placed): the list is read
+        in pages, and each page's pods are reduced to their facts before the next is read."""
+        facts = list(listed)
         with self._cond:
             self._pods.clear()
             self._by_node.clear()

@@ -3,7 +3,8 @@ deschedule label patches (gas/deschedule.py decides them; this module sends them
 
 Objects are read as plain JSON (`_preload_content=False`) rather than through the client's
 generated models: the ledger wants the wire shape, and model deserialisation would cost
-more than everything else at tens of thousands of pods.
+more than everything else at tens of thousands of pods. Lists are read in pages, each
+reduced to what gas keeps before the next is read, and applied once, after the last.
 """
 
 from __future__ import annotations
@@ -19,23 +20,29 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from kubernetes import client, config
 
 from gas.cluster.counters import SyncCounters
-from gas.cluster.deschedule import Descheduler, PatchRejected, PodGone
+from gas.cluster.deschedule import Descheduler, PatchRejected, PodFacts, PodGone, pod_facts
 from gas.cluster.prepared import PreparedApi
 from gas.cluster.protocol import BindRejected, BindUncertain, ClusterError
-from gas.core.holdings import observe_pod
+from gas.core.holdings import PodObservation, observe_pod
 from gas.core.ledger import Ledger
-from gas.core.model import ANNOTATION_CARDS, node_from_object
+from gas.core.model import ANNOTATION_CARDS, NodeGpu, node_from_object
 
 log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 300
 """Server-side watch length; the watch is then resumed from the last resourceVersion."""
+LIST_PAGE_SIZE = 500
+"""Objects per list request (`limit`), as client-go's reflector pages its lists: a page of
+pods is parsed, reduced and freed before the next is read, so a list of 50,000 never lies
+parsed in memory at once (and leaves no heap fragmented by it). 0 lists in one request."""
+LIST_TIMEOUT = (5, 60)
+"""Connect and read timeouts of one page of a list."""
 BIND_TIMEOUT = (3.0, 8.0)
 """Connect and read timeouts of the Binding write: inside the scheduler's httpTimeout."""
 READ_TIMEOUT = (3.0, 5.0)
@@ -67,10 +74,21 @@ def in_cluster() -> bool:
     return True
 
 
+class ListSink(Protocol):
+    """Takes one list page by page, keeping only what gas needs of each object; applies
+    it all at once after the last page (gas never answers from a half-listed cluster)."""
+
+    def page(self, items: list[dict[str, Any]]) -> None: ...
+
+    def done(self, listed_at: float) -> None:
+        """The last page is in; the list's first request began at `listed_at`."""
+
+
 class _Reflector(threading.Thread):
     """Keeps one kind of object in step with the API server, as client-go's reflector does:
-    list, then watch from the list's resourceVersion; when a watch ends or its stream
-    breaks, watch again from the last version seen; relist only on 410 Gone. Requests that
+    list (in pages of `page_size`), then watch from the list's resourceVersion; when a
+    watch ends or its stream breaks, watch again from the last version seen; relist only on
+    410 Gone. A list whose continue token expired mid-way is started over. Requests that
     fail back off exponentially (up to 8 s) and mark the cluster not synced until one
     succeeds again."""
 
@@ -84,24 +102,27 @@ class _Reflector(threading.Thread):
         self,
         kind: str,
         call: Callable[..., Any],
-        on_list: Callable[[list[dict[str, Any]], float], None],
+        new_list: Callable[[], ListSink],
         on_event: Callable[[str, dict[str, Any]], None],
         on_health: Callable[[], None],
-        on_restart: Callable[[str], None],
+        metrics: SyncCounters,
         stop: threading.Event,
         settle_heap: bool = False,
+        page_size: int = LIST_PAGE_SIZE,
     ) -> None:
         super().__init__(name=f"reflector-{kind}", daemon=True)
         self._settle_heap = settle_heap
-        self._on_restart = on_restart
+        self._metrics = metrics
         self.kind = kind
         self._call = call
-        self._on_list = on_list
+        self._new_list = new_list
         self._on_event = on_event
         self._on_health = on_health
         self._stop_event = stop
+        self._page_size = page_size
         self.healthy = False
         self.lists = 0
+        self.list_restarts = 0
         self.watch_restarts = 0
         self._response: Any = None
         self._version: str | None = None
@@ -132,7 +153,7 @@ class _Reflector(threading.Thread):
                     delay = min(delay * 2, self.MAX_DELAY)
                     continue
             self.watch_restarts += 1
-            self._on_restart(self.kind)
+            self._metrics.watch_restarts.labels(self.kind).inc()
             # A short pause, so a server that ends every watch at once is not hammered.
             self._stop_event.wait(self.BASE_DELAY * random.uniform(0.5, 1.0))
 
@@ -143,19 +164,75 @@ class _Reflector(threading.Thread):
                 response.shutdown()
 
     def _list(self) -> str:
-        started = time.monotonic()
-        response = self._call(_preload_content=False, _request_timeout=(5, 60))
         with _heap_settled(self._settle_heap):
-            body = json.loads(response.data)
-            items = body.get("items") or []
-            version = str(body["metadata"]["resourceVersion"])
-            count = len(items)
-            self._on_list(items, started)
-            # Gone before the heap is settled: the parsed list is not worth freezing.
-            del body, items, response
+            expired = 0
+            while True:
+                try:
+                    version, count = self._list_pages()
+                    break
+                except _ContinueExpired as exc:
+                    # The snapshot the pages were read at was compacted away. The rest of
+                    # the list is only to be had from a later state, and no resourceVersion
+                    # would then tell the watch where the list stands: start over.
+                    expired += 1
+                    self.list_restarts += 1
+                    self._metrics.list_restarts.labels(self.kind).inc()
+                    log.warning(
+                        "%s list expired after %d pages (%s); listing again from the start",
+                        self.kind,
+                        exc.pages,
+                        exc,
+                    )
+                    # At once the first time (a compaction mid-list is routine); a server
+                    # that expires list after list is not hammered.
+                    pause = min(self.BASE_DELAY * 2 ** (expired - 1), self.MAX_DELAY)
+                    if expired > 1 and self._stop_event.wait(pause):
+                        raise
         self.lists += 1
         log.info("listed %d %s at resourceVersion %s", count, self.kind, version)
         return version
+
+    def _list_pages(self) -> tuple[str, int]:
+        """(the list's resourceVersion, objects listed), every page handed to a new sink."""
+        started = time.monotonic()
+        sink = self._new_list()
+        version = ""
+        token: str | None = None
+        count = pages = 0
+        while True:
+            page = self._read_page(token, pages)
+            metadata = page.get("metadata") or {}
+            if not pages:
+                # Every page is read at the first one's snapshot: the watch starts there.
+                version = str(metadata["resourceVersion"])
+            items = page.get("items") or []
+            count += len(items)
+            pages += 1
+            sink.page(items)
+            token = metadata.get("continue")
+            # Freed before the next page is read: only what the sink kept stays.
+            del page, items, metadata
+            if not token:
+                break
+        sink.done(started)
+        return version, count
+
+    def _read_page(self, token: str | None, pages: int) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        if self._page_size > 0:
+            options["limit"] = self._page_size
+        if token:
+            options["_continue"] = token
+        try:
+            response = self._call(_preload_content=False, _request_timeout=LIST_TIMEOUT, **options)
+        except client.ApiException as exc:
+            if token and exc.status == 410:
+                raise _ContinueExpired(_api_message(exc), pages) from exc
+            raise
+        page = orjson.loads(response.data)
+        if not isinstance(page, dict):
+            raise ClusterError(f"listing {self.kind}: the API server answered no object")
+        return page
 
     def _watch(self) -> None:
         """Follow one watch until it ends; _StreamBroken if it breaks once accepted."""
@@ -199,16 +276,18 @@ class _Reflector(threading.Thread):
 
 @contextlib.contextmanager
 def _heap_settled(settle: bool) -> Iterator[None]:
-    """Around a large list (tens of thousands of pods): no collection while it is parsed
-    and applied, then one full collection and every surviving object frozen.
+    """Around a large list (tens of thousands of pods): no collection while its pages are
+    parsed and reduced and the list is applied, then one full collection and every
+    surviving object frozen.
 
-    The parsed list and what gas keeps of it are a million or so objects, all alive until
-    the list is applied, so collecting during it only costs time (about a second of a
-    rebuild). Once applied, what survives is long-lived: left in the collector's oldest
-    generation, each full collection would go over all of it (250-330 ms at 50,000 pods,
-    stalling every request). Frozen, collections skip it; objects freed later still go by
-    reference counting. Frozen objects are unfrozen at the next large list, so its full
-    collection also finds whatever of them became cyclic garbage.
+    What gas keeps of the list is hundreds of thousands of objects, all alive until the
+    list is applied, and each page's parsed objects go by reference counting, so
+    collecting during it only costs time. Once applied, what survives is long-lived: left
+    in the collector's oldest generation, each full collection would go over all of it
+    (250-330 ms at 50,000 pods, stalling every request). Frozen, collections skip it;
+    objects freed later still go by reference counting. Frozen objects are unfrozen at the
+    next large list, so its full collection also finds whatever of them became cyclic
+    garbage.
     """
     if not settle:
         yield
@@ -229,6 +308,14 @@ class _Expired(Exception):
     pass
 
 
+class _ContinueExpired(Exception):
+    """A list's continue token expired (410): its snapshot was compacted mid-list."""
+
+    def __init__(self, message: str, pages: int) -> None:
+        super().__init__(message)
+        self.pages = pages
+
+
 class _StreamBroken(Exception):
     """A watch stream that the API server had accepted ended abnormally."""
 
@@ -237,7 +324,7 @@ def _json_lines(response: Any) -> Iterator[dict[str, Any]]:
     for line in response:
         line = line.strip()
         if line:
-            yield json.loads(line)
+            yield orjson.loads(line)
 
 
 class _EventSender(threading.Thread):
@@ -345,7 +432,11 @@ class KubeCluster:
     """A real cluster through the official client."""
 
     def __init__(
-        self, ledger: Ledger, api_client: client.ApiClient, metrics: SyncCounters | None = None
+        self,
+        ledger: Ledger,
+        api_client: client.ApiClient,
+        metrics: SyncCounters | None = None,
+        list_page_size: int = LIST_PAGE_SIZE,
     ) -> None:
         self._ledger = ledger
         self._metrics = metrics or SyncCounters()
@@ -361,21 +452,23 @@ class KubeCluster:
             _Reflector(
                 "nodes",
                 self._core.list_node,
-                self._nodes_listed,
+                lambda: _NodeList(self._ledger, self._descheduler),
                 self._node_event,
                 self._health_changed,
-                self._watch_restarted,
+                self._metrics,
                 self._stop,
+                page_size=list_page_size,
             ),
             _Reflector(
                 "pods",
                 self._core.list_pod_for_all_namespaces,
-                self._pods_listed,
+                lambda: _PodList(self._ledger, self._descheduler, self._metrics),
                 self._pod_event,
                 self._health_changed,
-                self._watch_restarted,
+                self._metrics,
                 self._stop,
                 settle_heap=True,
+                page_size=list_page_size,
             ),
         ]
 
@@ -511,11 +604,6 @@ class KubeCluster:
 
     # ------------------------------------------------------------ watch callbacks
 
-    def _nodes_listed(self, items: list[dict[str, Any]], _started: float) -> None:
-        nodes = [node_from_object(item) for item in items]
-        self._ledger.replace_nodes(nodes)
-        self._descheduler.nodes_listed(nodes)
-
     def _node_event(self, kind: str, obj: dict[str, Any]) -> None:
         node = node_from_object(obj)
         if kind == "DELETED":
@@ -524,12 +612,6 @@ class KubeCluster:
         else:
             self._ledger.set_node(node)
             self._descheduler.node_changed(node)
-
-    def _pods_listed(self, items: list[dict[str, Any]], started: float) -> None:
-        observations = [o for o in map(observe_pod, items) if o is not None]
-        self._ledger.replace_pods(observations, started)
-        self._metrics.ledger_rebuilds.inc()
-        self._descheduler.pods_listed(items)
 
     def _pod_event(self, kind: str, obj: dict[str, Any]) -> None:
         if kind == "DELETED":
@@ -544,14 +626,54 @@ class KubeCluster:
         else:
             self._ledger.observe(observation)
 
-    def _watch_restarted(self, kind: str) -> None:
-        self._metrics.watch_restarts.labels(kind).inc()
-
     def _health_changed(self) -> None:
         synced = self.synced()
         if synced != self._was_synced:
             self._was_synced = synced
             log.info("cluster sync %s", "ready" if synced else "lost: not ready")
+
+
+class _NodeList:
+    """A node list: each node read as gas sees it as its page comes in."""
+
+    def __init__(self, ledger: Ledger, descheduler: Descheduler) -> None:
+        self._ledger = ledger
+        self._descheduler = descheduler
+        self._nodes: list[NodeGpu] = []
+
+    def page(self, items: list[dict[str, Any]]) -> None:
+        self._nodes.extend(map(node_from_object, items))
+
+    def done(self, listed_at: float) -> None:
+        self._ledger.replace_nodes(self._nodes)
+        self._descheduler.nodes_listed(self._nodes)
+
+
+class _PodList:
+    """A pod list: each pod reduced, as its page comes in, to what the ledger and the
+    deschedule controller keep of it, so the page's parsed objects can go."""
+
+    def __init__(self, ledger: Ledger, descheduler: Descheduler, metrics: SyncCounters) -> None:
+        self._ledger = ledger
+        self._descheduler = descheduler
+        self._metrics = metrics
+        self._observations: list[PodObservation] = []
+        self._facts: list[PodFacts] = []
+
+    def page(self, items: list[dict[str, Any]]) -> None:
+        observations, facts = self._observations, self._facts
+        for item in items:
+            observation = observe_pod(item)
+            if observation is not None:
+                observations.append(observation)
+            fact = pod_facts(item)
+            if fact is not None:
+                facts.append(fact)
+
+    def done(self, listed_at: float) -> None:
+        self._ledger.replace_pods(self._observations, listed_at)
+        self._metrics.ledger_rebuilds.inc()
+        self._descheduler.pods_listed(self._facts)
 
 
 def _api_message(exc: client.ApiException) -> str:

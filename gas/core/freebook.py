@@ -267,23 +267,30 @@ class FreeBook:
         _, rows, slots_per_row = self._free.shape
         places: list[int] = []  # index into the flattened `free` of each amount
         amounts: list[int] = []
+        # The loop below runs once per card and resource held in the cluster (about
+        # 90,000 at 50,000 pods): lookups bound once, each column's offset added directly.
         per_column = rows * slots_per_row
+        offset_of = {res: column * per_column for res, column in self._columns.items()}.get
+        row_of, layouts = self._rows.get, self._row_layouts
+        add_place, add_amount = places.append, amounts.append
         for name, (usage, blocked, blocking) in books.items():
-            row = self._rows.get(name)
-            layout = None if row is None else self._row_layouts[row]
+            row = row_of(name)
+            layout = None if row is None else layouts[row]
             if row is None or layout is None:
                 continue
-            self._blocking[row] = blocking
+            if blocking:
+                self._blocking[row] = blocking
             slot_of = layout.slots.get
+            first = row * slots_per_row
             for card, resources in usage.items():
                 slot = slot_of(card)
                 if slot is not None:
-                    base = row * slots_per_row + slot
+                    base = first + slot
                     for res, used in resources.items():
-                        column = self._columns.get(res)
-                        if column is not None:
-                            places.append(column * per_column + base)
-                            amounts.append(used)
+                        offset = offset_of(res)
+                        if offset is not None:
+                            add_place(offset + base)
+                            add_amount(used)
             for card, pods in blocked.items():
                 self.set_blocked(name, card, pods)
         if not amounts:

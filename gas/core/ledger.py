@@ -595,7 +595,8 @@ class Ledger:
         if holding.blocks_node:
             book.blocking_pods += sign
             self._free.set_blocking(node, book.blocking_pods)
-        for card, indices in tiles_by_card(holding.tiles).items():
+        # Most pods hold no tiles: not worth a call per pod in a rebuild of 50,000.
+        for card, indices in tiles_by_card(holding.tiles).items() if holding.tiles else ():
             counts = book.tiles.setdefault(card, {})
             for tile in indices:
                 count = counts.get(tile, 0) + sign

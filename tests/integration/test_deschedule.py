@@ -80,6 +80,11 @@ def with_uid(pod: dict[str, Any], uid: str = "uid-1") -> dict[str, Any]:
     return pod
 
 
+def listed(*pods: dict[str, Any]) -> list[PodFacts]:
+    """A pod list as the controller takes it: the facts of the pods gas placed."""
+    return [fact for fact in map(pod_facts, pods) if fact is not None]
+
+
 # ------------------------------------------------------------------ annotations
 
 
@@ -254,7 +259,7 @@ def settle(descheduler: Descheduler) -> None:
 def test_worker_patches_once_per_difference(worker: tuple[Descheduler, FakeApi]) -> None:
     descheduler, api = worker
     pod = with_uid(placed_pod("a", "card0"))
-    descheduler.pods_listed([pod, with_uid(placed_pod("b", "card1"), "uid-2")])
+    descheduler.pods_listed(listed(pod, with_uid(placed_pod("b", "card1"), "uid-2")))
     descheduler.nodes_listed([node_from_object(node_with())])
     settle(descheduler)
     assert api.calls == []
@@ -270,7 +275,7 @@ def test_worker_retries_failures_with_backoff(worker: tuple[Descheduler, FakeApi
     descheduler, api = worker
     api.script = [RuntimeError("500"), RuntimeError("timeout"), None]
     descheduler.nodes_listed([node_from_object(node_with(DESCHEDULE_CARD0))])
-    descheduler.pods_listed([with_uid(placed_pod("a", "card0"))])
+    descheduler.pods_listed(listed(with_uid(placed_pod("a", "card0"))))
     wait_for(lambda: len(api.calls) == 3, what="two retries")
     settle(descheduler)
     assert len(api.calls) == 3
@@ -281,7 +286,7 @@ def test_worker_drops_gone_and_rejected_pods(worker: tuple[Descheduler, FakeApi]
     descheduler, api = worker
     api.script = [PodGone("404"), PatchRejected("403")]
     descheduler.nodes_listed([node_from_object(node_with(DESCHEDULE_CARD0))])
-    descheduler.pods_listed([with_uid(placed_pod("a", "card0"))])
+    descheduler.pods_listed(listed(with_uid(placed_pod("a", "card0"))))
     descheduler.pod_changed(with_uid(placed_pod("b", "card0"), "uid-2"))
     wait_for(lambda: len(api.calls) == 2, what="both patches")
     settle(descheduler)
@@ -296,7 +301,7 @@ def test_worker_forgets_deleted_pods_waiting_for_retry(
     api.script = [RuntimeError("500")]
     pod = with_uid(placed_pod("a", "card0"))
     descheduler.nodes_listed([node_from_object(node_with(DESCHEDULE_CARD0))])
-    descheduler.pods_listed([pod])
+    descheduler.pods_listed(listed(pod))
     wait_for(lambda: len(api.calls) == 1, what="first patch")
     descheduler.pod_removed(pod)
     time.sleep(0.6)
@@ -307,10 +312,10 @@ def test_worker_keys_pods_by_uid_not_name(worker: tuple[Descheduler, FakeApi]) -
     descheduler, api = worker
     descheduler.nodes_listed([node_from_object(node_with(DESCHEDULE_CARD1))])
     descheduler.pods_listed(
-        [
+        listed(
             with_uid(placed_pod("same", "card0", namespace="ns1"), "uid-1"),
             with_uid(placed_pod("same", "card1", namespace="ns2"), "uid-2"),
-        ]
+        )
     )
     settle(descheduler)
     assert [(ns, name, p["metadata"]["uid"]) for ns, name, p in api.calls] == [

@@ -71,6 +71,8 @@ class ApiServerDouble:
         if server is None:
             return
         self.store.set_stopping(True)
+        for rule in self.faults.rules:
+            rule.release()  # a held request must not outlive the server
         server.shutdown()
         server.server_close()
         server.close_all_connections()

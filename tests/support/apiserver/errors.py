@@ -12,7 +12,8 @@ class ApiError(Exception):
     """An API failure rendered as a ``kind: Status`` body, exactly like the real server.
 
     ``reason`` may be ``""`` (real server's StatusReasonUnknown: the key is omitted) and
-    ``details`` may be ``None`` (omitted, as for BadRequest).
+    ``details`` may be ``None`` (omitted, as for BadRequest). ``metadata`` is the Status's
+    ListMeta: a 410 for an expired ``continue`` token carries the token to go on with.
     """
 
     def __init__(
@@ -22,8 +23,11 @@ class ApiError(Exception):
         message: str,
         details: JSONDict | None = None,
         headers: Mapping[str, str] | None = None,
+        *,
+        metadata: JSONDict | None = None,
     ) -> None:
         super().__init__(message)
+        self.metadata: JSONDict = dict(metadata or {})
         self.code = code
         self.reason = reason
         self.message = message
@@ -34,7 +38,7 @@ class ApiError(Exception):
         body: JSONDict = {
             "kind": "Status",
             "apiVersion": "v1",
-            "metadata": {},
+            "metadata": dict(self.metadata),
             "status": "Failure",
             "message": self.message,
         }

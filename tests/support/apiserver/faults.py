@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from tests.support.apiserver.errors import ApiError, JSONDict
@@ -49,8 +49,10 @@ def fault_error(code: int) -> ApiError:
 
 
 _ACTIONS: Final = frozenset(
-    {"status", "delay", "after_write_status", "after_write_delay", "drop_watch", "close"}
+    {"status", "delay", "after_write_status", "after_write_delay", "drop_watch", "close", "hold"}
 )
+HOLD_SECONDS: Final = 30.0
+"""How long a held request waits for ``release`` at most, when the rule names no time."""
 
 
 @dataclass
@@ -62,12 +64,20 @@ class FaultRule:
     action: str
     arg: float | None
     remaining: int | None
+    query_regex: re.Pattern[str] | None = None
     hits: int = 0
+    released: threading.Event = field(default_factory=threading.Event)
 
-    def applies(self, method: str, path: str, is_watch: bool) -> bool:
+    def release(self) -> None:
+        """Let the requests this ``hold`` rule holds (and any it would hold later) go on."""
+        self.released.set()
+
+    def applies(self, method: str, path: str, is_watch: bool, query: str = "") -> bool:
         if self.remaining is not None and self.remaining <= 0:
             return False
         if self.method not in {"*", method}:
+            return False
+        if self.query_regex is not None and self.query_regex.search(query) is None:
             return False
         if self.action == "drop_watch" and not is_watch:
             return False
@@ -89,8 +99,12 @@ class FaultInjector:
       before answering: a client timeout after the write.
     * ``("drop_watch", None)`` close a watch stream abruptly after its first event.
     * ``("close", None)`` close the connection without answering.
+    * ``("hold", seconds)`` wait until the rule's ``release()`` (at most ``seconds``, or
+      HOLD_SECONDS when None), then handle normally: the test acts while the client waits,
+      say between two pages of a list.
 
-    ``path_regex`` is searched in the request path (query string excluded); ``method``
+    ``path_regex`` is searched in the request path; ``query_regex``, when given, in the
+    query string (say ``"continue="`` for the pages of a list after the first); ``method``
     may be ``"*"``.  ``times=None`` keeps the rule forever.
     """
 
@@ -104,19 +118,23 @@ class FaultInjector:
         path_regex: str,
         action: tuple[str, float | None],
         times: int | None = 1,
+        query_regex: str | None = None,
     ) -> FaultRule:
         name, arg = action
         if name not in _ACTIONS:
             raise ValueError(f"unknown fault action {name!r}; expected one of {sorted(_ACTIONS)}")
         if name in {"status", "after_write_status", "after_write_delay", "delay"} and arg is None:
             raise ValueError(f"fault action {name!r} needs an argument")
-        rule = FaultRule(method.upper(), re.compile(path_regex), name, arg, times)
+        query = re.compile(query_regex) if query_regex is not None else None
+        rule = FaultRule(method.upper(), re.compile(path_regex), name, arg, times, query)
         with self._lock:
             self._rules.append(rule)
         return rule
 
     def clear(self) -> None:
         with self._lock:
+            for rule in self._rules:
+                rule.release()
             self._rules.clear()
 
     @property
@@ -124,11 +142,11 @@ class FaultInjector:
         with self._lock:
             return list(self._rules)
 
-    def take(self, method: str, path: str, is_watch: bool) -> FaultRule | None:
+    def take(self, method: str, path: str, is_watch: bool, query: str = "") -> FaultRule | None:
         """Consume and return the first rule matching this request, if any."""
         with self._lock:
             for rule in self._rules:
-                if rule.applies(method, path, is_watch):
+                if rule.applies(method, path, is_watch, query):
                     rule.hits += 1
                     if rule.remaining is not None:
                         rule.remaining -= 1

@@ -21,7 +21,7 @@ from tests.support.apiserver.errors import (
     method_not_allowed,
     route_not_found,
 )
-from tests.support.apiserver.faults import fault_error
+from tests.support.apiserver.faults import HOLD_SECONDS, fault_error
 from tests.support.apiserver.routes import Response, Route, dispatch, match_route
 from tests.support.apiserver.selectors import Selector
 from tests.support.apiserver.store import Watcher
@@ -167,7 +167,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         if denial is not None:
             self._send(denial)
             return
-        rule = double.faults.take(method, path, is_watch)
+        rule = double.faults.take(method, path, is_watch, split.query)
         action = rule.action if rule is not None else ""
         if rule is not None and action == "close":
             self._abort()
@@ -177,6 +177,8 @@ class RequestHandler(BaseHTTPRequestHandler):
             return
         if rule is not None and action == "delay":
             time.sleep(float(rule.arg or 0))
+        if rule is not None and action == "hold":
+            rule.released.wait(HOLD_SECONDS if rule.arg is None else float(rule.arg))
         response: Response | ApiError
         try:
             if route is None:

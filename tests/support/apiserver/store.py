@@ -32,6 +32,7 @@ from tests.support.apiserver.errors import (
     unprocessable,
 )
 from tests.support.apiserver.kinds import EVENTS, KINDS, PODS, Kind
+from tests.support.apiserver.paging import LATEST, PageRequest, expired, take_page
 from tests.support.apiserver.patches import (
     JSON_PATCH,
     MERGE_PATCH,
@@ -202,6 +203,10 @@ class Store:
         self.watchers: set[Watcher] = set()
         self.event_log: list[JSONDict] = []
         self._stopping = False
+        # Lists are answered in storage-key order: the current order of each kind is kept
+        # until its next write, so the pages of a large list do not each sort it again.
+        self._ordered: dict[str, tuple[list[str], list[JSONDict]]] = {}
+        self._last_write: dict[str, int] = {}
 
     def set_stopping(self, stopping: bool) -> None:
         """While stopping, every watch stream ends at its next wake-up."""
@@ -238,6 +243,8 @@ class Store:
         if len(self._history) >= self._history_limit:
             self._floor = self._history.popleft().rv
         self._history.append(event)
+        self._ordered.pop(kind.resource, None)
+        self._last_write[kind.resource] = self.rv
         for watcher in self.watchers:
             if watcher.kind is kind:
                 watcher.pending.append(event)
@@ -553,20 +560,62 @@ class Store:
             self.write_locked(PODS, (namespace, name), _stored_form("pods", new), "MODIFIED")
 
     def list_objects(self, kind: Kind, namespace: str | None, query: Mapping[str, str]) -> JSONDict:
+        """A list, or one page of it (``limit``/``continue``: tests/support/apiserver/paging.py)."""
         selector = Selector.parse(kind, namespace, query)
+        request = PageRequest.parse(query)
+        prefix = f"{namespace}/" if kind.namespaced and namespace else ""
         with self.lock:
-            items = [
-                obj
-                for _, obj in sorted(self.objects[kind.resource].items())
-                if selector.matches(obj)
-            ]
-            rv = self.rv
-        return {
-            "kind": kind.list_kind,
-            "apiVersion": "v1",
-            "metadata": {"resourceVersion": str(rv)},
-            "items": items,
-        }
+            rv, (keys, objects) = self._listing_locked(kind, request)
+            page = take_page(keys, objects, prefix, selector, request, rv)
+        meta: JSONDict = {"resourceVersion": str(rv)}
+        if page.continue_token is not None:
+            meta["continue"] = page.continue_token
+            if page.remaining is not None:
+                meta["remainingItemCount"] = page.remaining
+        return {"kind": kind.list_kind, "apiVersion": "v1", "metadata": meta, "items": page.items}
+
+    def _listing_locked(
+        self, kind: Kind, request: PageRequest
+    ) -> tuple[int, tuple[list[str], list[JSONDict]]]:
+        """The resourceVersion a page is read at, and the keys and objects of that state."""
+        snapshot = request.snapshot
+        if snapshot is None or snapshot == LATEST:
+            return self.rv, self._ordered_locked(kind)
+        if snapshot < self._floor:
+            raise expired(request.start)
+        if snapshot > self.rv:
+            # etcd's own refusal, which the real server passes on as an internal error.
+            cause = "etcdserver: mvcc: required revision is a future revision"
+            raise ApiError(
+                500,
+                "InternalError",
+                f"Internal error occurred: {cause}",
+                {"causes": [{"message": cause}]},
+            )
+        if self._last_write.get(kind.resource, 0) <= snapshot:
+            return snapshot, self._ordered_locked(kind)
+        # Written since the snapshot: undo the later writes, newest first, so each object
+        # ends as the earliest later write found it.
+        state = dict(self.objects[kind.resource])
+        for event in reversed(self._history):
+            if event.rv <= snapshot:
+                break
+            if event.resource != kind.resource:
+                continue
+            meta = event.obj.get("metadata") or {}
+            key = (str(meta.get("namespace") or "") if kind.namespaced else "", meta["name"])
+            if event.prev is None:
+                state.pop(key, None)
+            else:
+                state[key] = event.prev
+        return snapshot, _in_key_order(kind, state)
+
+    def _ordered_locked(self, kind: Kind) -> tuple[list[str], list[JSONDict]]:
+        ordered = self._ordered.get(kind.resource)
+        if ordered is None:
+            ordered = _in_key_order(kind, self.objects[kind.resource])
+            self._ordered[kind.resource] = ordered
+        return ordered
 
     # -- watch internals ---------------------------------------------------------------
 
@@ -638,3 +687,13 @@ class Store:
             return
         with self.lock:
             self.watchers.discard(watcher)
+
+
+def _in_key_order(
+    kind: Kind, objects: Mapping[tuple[str, str], JSONDict]
+) -> tuple[list[str], list[JSONDict]]:
+    """Keys (``namespace/name``, or ``name``) and objects, ordered as etcd orders them."""
+    pairs = sorted(
+        ((f"{ns}/{name}" if kind.namespaced else name), obj) for (ns, name), obj in objects.items()
+    )
+    return [key for key, _ in pairs], [obj for _, obj in pairs]
