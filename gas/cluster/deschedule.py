@@ -254,6 +254,11 @@ class Descheduler(threading.Thread):
         with self._cond:
             return len(self._ready) + len(self._retry_at)
 
+    def facts(self) -> dict[str, PodFacts]:
+        """The pods gas placed, by UID, as the controller last saw them."""
+        with self._cond:
+            return dict(self._pods)
+
     # ------------------------------------------------------------ index (lock held)
 
     def _set_node_locked(self, name: str, node: NodeGpu | None) -> None:

@@ -178,7 +178,8 @@ class _Reflector(threading.Thread):
                     self.list_restarts += 1
                     self._metrics.list_restarts.labels(self.kind).inc()
                     log.warning(
-                        "%s list expired after %d pages (%s); listing again from the start",
+                        "%s list expired with %d of its pages read (%s); listing again from "
+                        "the start",
                         self.kind,
                         exc.pages,
                         exc,
@@ -489,6 +490,11 @@ class KubeCluster:
 
     def synced(self) -> bool:
         return all(r.healthy for r in self._reflectors)
+
+    @property
+    def descheduler(self) -> Descheduler:
+        """The deschedule controller the watch feeds (its view: `facts()`)."""
+        return self._descheduler
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         where = f"reading pod {namespace}/{name}"

@@ -3,8 +3,8 @@
 The double speaks real HTTP/1.1 on 127.0.0.1 so that the real ``kubernetes`` Python
 client (possibly in another process) can talk to it.  It models the parts of core/v1
 the extender uses: nodes, pods (incl. ``/status`` and ``/binding``), events, list and
-watch with resourceVersion semantics, selectors, patches and ``kind: Status`` errors,
-following the real kube-apiserver's rules and messages.
+watch with resourceVersion semantics, paginated lists (``limit``/``continue``), selectors,
+patches and ``kind: Status`` errors, following the real kube-apiserver's rules and messages.
 
 Typical pytest fixture::
 
@@ -27,7 +27,8 @@ they can be shared with watch streams without copying.
 
 The modules, along the double's seams: ``store`` (objects, resource versions, watch
 history, compaction, the real server's write rules), ``kinds`` and ``selectors`` (the
-resources served, label and field selectors), ``patches`` (merge, strategic, JSON),
+resources served, label and field selectors), ``paging`` (continue tokens and pages at a
+snapshot), ``patches`` (merge, strategic, JSON),
 ``errors`` (``kind: Status`` bodies), ``faults`` (injected failures and delays), ``rbac``
 (an optional authorizer), ``routes`` and ``server`` (the HTTP layer: routes, handlers,
 watch streaming, the server thread) and ``double`` (``ApiServerDouble`` itself).
