@@ -168,7 +168,9 @@ class _Reflector(threading.Thread):
             expired = 0
             while True:
                 try:
-                    version, count = self._list_pages()
+                    # Expired twice in a row: one request, which no compaction can cut short
+                    # (the memory of a whole list, once, rather than no list at all).
+                    version, count = self._list_pages(whole=expired >= 2)
                     break
                 except _ContinueExpired as exc:
                     # The snapshot the pages were read at was compacted away. The rest of
@@ -179,29 +181,26 @@ class _Reflector(threading.Thread):
                     self._metrics.list_restarts.labels(self.kind).inc()
                     log.warning(
                         "%s list expired with %d of its pages read (%s); listing again from "
-                        "the start",
+                        "the start%s",
                         self.kind,
                         exc.pages,
                         exc,
+                        " in one request" if expired >= 2 else "",
                     )
-                    # At once the first time (a compaction mid-list is routine); a server
-                    # that expires list after list is not hammered.
-                    pause = min(self.BASE_DELAY * 2 ** (expired - 1), self.MAX_DELAY)
-                    if expired > 1 and self._stop_event.wait(pause):
-                        raise
         self.lists += 1
         log.info("listed %d %s at resourceVersion %s", count, self.kind, version)
         return version
 
-    def _list_pages(self) -> tuple[str, int]:
-        """(the list's resourceVersion, objects listed), every page handed to a new sink."""
+    def _list_pages(self, whole: bool = False) -> tuple[str, int]:
+        """(the list's resourceVersion, objects listed), every page handed to a new sink;
+        `whole`: in one request."""
         started = time.monotonic()
         sink = self._new_list()
         version = ""
         token: str | None = None
         count = pages = 0
         while True:
-            page = self._read_page(token, pages)
+            page = self._read_page(token, pages, 0 if whole else self._page_size)
             metadata = page.get("metadata") or {}
             if not pages:
                 # Every page is read at the first one's snapshot: the watch starts there.
@@ -218,10 +217,10 @@ class _Reflector(threading.Thread):
         sink.done(started)
         return version, count
 
-    def _read_page(self, token: str | None, pages: int) -> dict[str, Any]:
+    def _read_page(self, token: str | None, pages: int, size: int) -> dict[str, Any]:
         options: dict[str, Any] = {}
-        if self._page_size > 0:
-            options["limit"] = self._page_size
+        if size > 0:
+            options["limit"] = size
         if token:
             options["_continue"] = token
         try:

@@ -218,6 +218,27 @@ def test_a_continue_token_expired_mid_list_starts_the_list_over(
     assert "pods list expired with 1 of its pages read" in caplog.text
 
 
+def test_a_list_expired_twice_is_read_in_one_request(
+    apiserver: ApiServerDouble, start: StartSynced, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Every continue answered 410: paging alone would never finish.
+    populate(apiserver)
+    apiserver.faults.add("GET", f"^{PODS}$", ("status", 410), query_regex="continue=", times=None)
+    caplog.set_level(logging.WARNING, logger="gas.cluster.kube")
+    paged = start(3)
+    paged.wait_synced()
+    whole = start(0)
+    whole.wait_synced()
+    wait_same(paged, whole)
+
+    limits = [query.get("limit") for query in pod_lists(apiserver)]
+    # Page 1, a 410; page 1, a 410; then the whole list (and the second gas's own).
+    assert limits == ["3", "3", "3", "3", None, None]
+    assert paged.counter("gas_list_restarts_total", resource="pods") == 2
+    assert "pods list expired with 1 of its pages read" in caplog.text
+    assert "listing again from the start in one request" in caplog.text
+
+
 def test_a_list_whose_snapshot_is_compacted_mid_way_starts_over_from_the_new_state(
     apiserver: ApiServerDouble, start: StartSynced
 ) -> None:
