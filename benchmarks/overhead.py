@@ -23,12 +23,10 @@ Prints Markdown tables; never fails on time.
 from __future__ import annotations
 
 import argparse
-import http.client
 import io
 import json
 import os
 import signal
-import ssl
 import statistics
 import subprocess
 import sys
@@ -46,6 +44,7 @@ from benchmarks.harness import (
     CpuMeter,
     CpuWindow,
     Latencies,
+    PythonClient,
     cpu_window,
     filter_body,
     gas_server,
@@ -186,30 +185,6 @@ def filter_requests(pods: list[dict[str, Any]], names: list[str]) -> Requests:
     return [("POST", "/scheduler/filter", filter_body(pod, names_json)) for pod in pods]
 
 
-class _OneWriteConnection(http.client.HTTPSConnection):
-    """Sends a request's head and body in one write, as Go's net/http does for a body that
-    fits its 4 kB buffer: http.client writes them apart, two TLS records, and gas's server
-    then waits for the second before it hands the request to a thread."""
-
-    def _send_output(self, message_body: Any = None, encode_chunked: bool = False) -> None:
-        if not isinstance(message_body, bytes) or encode_chunked:
-            super()._send_output(message_body, encode_chunked)  # type: ignore[misc]
-            return
-        self._buffer.extend((b"", b""))  # type: ignore[attr-defined]
-        head = b"\r\n".join(self._buffer)  # type: ignore[attr-defined]
-        del self._buffer[:]  # type: ignore[attr-defined]
-        self.send(head + message_body)
-
-
-class OneWriteClient(Client):
-    """`Client`, writing each request at once."""
-
-    def __init__(self, port: int, tls: TLSFiles) -> None:
-        context = ssl.create_default_context(cafile=tls.ca)
-        context.load_cert_chain(tls.client_cert, tls.client_key)
-        self._connection = _OneWriteConnection("127.0.0.1", port, context=context, timeout=120)
-
-
 TWO_WRITES = " (head, body: 2 writes)"
 
 
@@ -217,8 +192,7 @@ def http_figures(
     nodes: int, sizes: list[int], rounds: int, directory: Path, tls: TLSFiles
 ) -> list[Figure]:
     """Requests one at a time on a kept-alive connection, written as kube-scheduler writes
-    them (`OneWriteClient`); two rows also with Python's own client (`TWO_WRITES`), as
-    `benchmarks.run` sends them."""
+    them (`Client`); two rows also as Python's own client writes them (`TWO_WRITES`)."""
     cluster = make_cluster(nodes, 0.5)
     names = cluster.node_names
     serial = iter(range(10**9))
@@ -233,7 +207,7 @@ def http_figures(
 
     figures: list[Figure] = []
     with bare_server(tls) as (port, worker):
-        client = OneWriteClient(port, tls)
+        client = Client(port, tls)
         meter = CpuMeter(worker)
         for name, path in (("bare WSGI", RAW_PATH), ("one-line Flask route", FLASK_PATH)):
             requests: Requests = [("GET", path, None)] * (rounds + 1)
@@ -242,14 +216,14 @@ def http_figures(
         figures.append(timed_requests("bare WSGI, POST of a 100-node filter", client, meter, posts))
         client.close()
     with bare_server(tls, stock=True) as (port, worker):
-        client = OneWriteClient(port, tls)
+        client = Client(port, tls)
         requests = [("GET", RAW_PATH, None)] * (rounds + 1)
         name = "bare WSGI, stock gthread worker"
         figures.append(timed_requests(name, client, CpuMeter(worker), requests))
         client.close()
 
     with gas_server(cluster, directory, tls) as server:
-        client, python_client = OneWriteClient(server.port, tls), Client(server.port, tls)
+        client, python_client = Client(server.port, tls), PythonClient(server.port, tls)
         meter = CpuMeter(server.worker_pid())
         healthz: Requests = [("GET", "/healthz", None)] * (rounds + 1)
         figures.append(timed_requests("gas /healthz", client, meter, healthz))

@@ -6,9 +6,14 @@ belong to the benchmarks, not to the tests.
 
 from __future__ import annotations
 
+import socket
+import ssl
+import threading
 from pathlib import Path
 
+from benchmarks.harness import GO_WRITE_BUFFER, Client, PythonClient
 from tests.support.benchrun import run_quick
+from tests.support.gasproc import TLSFiles
 
 
 def tables(text: str) -> list[list[list[str]]]:
@@ -80,3 +85,44 @@ def test_quick_run_prints_every_table(tmp_path: Path) -> None:
     assert binds["bindings_per_bind"] == 1
     assert binds["writes_per_bind"] >= 1
     assert report["rebuild"]["pods"] > 0
+
+
+def test_the_benchmark_client_writes_requests_as_kube_scheduler_does(tls_files: TLSFiles) -> None:
+    # What gas's server receives, one TLS record per write: the head and a small body
+    # together, a large body in writes of Go's buffer size. (Python's own client writes
+    # the head and the body apart.)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tls_files.server_cert, tls_files.server_key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    records: list[list[int]] = []
+
+    def serve(count: int) -> None:
+        conn, _ = listener.accept()
+        with context.wrap_socket(conn, server_side=True) as tls:
+            for _ in range(count):
+                sizes: list[int] = []
+                data = b""
+                while b"\r\n\r\n" not in data or len(data) < data.index(b"\r\n\r\n") + 4 + int(
+                    data.split(b"Content-Length: ")[1].split(b"\r\n")[0]
+                ):
+                    chunk = tls.recv(65536)
+                    sizes.append(len(chunk))
+                    data += chunk
+                records.append(sizes)
+                tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+
+    for make, count in ((Client, 2), (PythonClient, 1)):
+        server = threading.Thread(target=serve, args=(count,))
+        server.start()
+        client = make(port, tls_files)
+        assert client.request("POST", "/scheduler/bind", b'{"PodName":"p"}') == (200, b"{}")
+        if count == 2:
+            client.request("POST", "/scheduler/filter", b"x" * 10_000)
+        client.close()
+        server.join(timeout=30)
+    listener.close()
+    small, large, python = records
+    assert len(small) == 1
+    assert large[:2] == [GO_WRITE_BUFFER, GO_WRITE_BUFFER] and len(large) == 3
+    assert len(python) == 2
