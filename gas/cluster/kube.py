@@ -1,20 +1,19 @@
 """The Kubernetes side: list+watch of nodes and pods into the ledger, the Binding, and the
 deschedule label patches (gas/deschedule.py decides them; this module sends them).
 
-Objects are read as plain JSON (`_preload_content=False`) rather than through the client's
-generated models: the ledger wants the wire shape, and model deserialisation would cost
-more than everything else at tens of thousands of pods. Lists are read in pages, each
+Objects are read as plain JSON, through gas/kubeapi/ rather than the client's generated API
+classes and models: the ledger wants the wire shape, model deserialisation would cost more
+than everything else at tens of thousands of pods, and merely importing `CoreV1Api` costs
+the worker 21 MiB. Lists are read in pages, each
 reduced to what gas keeps before the next is read, and applied once, after the last.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import gc
 import json
 import logging
-import queue
 import random
 import socket
 import threading
@@ -27,11 +26,13 @@ from kubernetes import client, config
 
 from gas.cluster.counters import SyncCounters
 from gas.cluster.deschedule import Descheduler, PatchRejected, PodFacts, PodGone, pod_facts
-from gas.cluster.prepared import PreparedApi
 from gas.cluster.protocol import BindRejected, BindUncertain, ClusterError
 from gas.core.holdings import PodObservation, observe_pod
 from gas.core.ledger import Ledger
 from gas.core.model import ANNOTATION_CARDS, NodeGpu, node_from_object
+from gas.kubeapi.core import MERGE_PATCH, RawCoreV1Api
+from gas.kubeapi.events import EventSender, event_body
+from gas.kubeapi.prepared import PreparedApi
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,6 @@ READ_TIMEOUT = (3.0, 5.0)
 """Connect and read timeouts of a pod read (a bind of a pod the filter did not keep)."""
 PATCH_TIMEOUT = (3.0, 10.0)
 """Connect and read timeouts of a deschedule label patch (background work, retried)."""
-MERGE_PATCH = "application/merge-patch+json"
 _TRANSIENT = frozenset({408, 409, 429})
 """Client-error statuses worth retrying: timeout, conflict, throttling."""
 
@@ -224,7 +224,7 @@ class _Reflector(threading.Thread):
         if token:
             options["_continue"] = token
         try:
-            response = self._call(_preload_content=False, _request_timeout=LIST_TIMEOUT, **options)
+            response = self._call(_request_timeout=LIST_TIMEOUT, **options)
         except client.ApiException as exc:
             if token and exc.status == 410:
                 raise _ContinueExpired(_api_message(exc), pages) from exc
@@ -241,7 +241,6 @@ class _Reflector(threading.Thread):
             resource_version=self._version,
             allow_watch_bookmarks=True,
             timeout_seconds=WATCH_SECONDS,
-            _preload_content=False,
             _request_timeout=(5, WATCH_SECONDS + 30),
         )
         self._response = response
@@ -325,35 +324,6 @@ def _json_lines(response: Any) -> Iterator[dict[str, Any]]:
         line = line.strip()
         if line:
             yield orjson.loads(line)
-
-
-class _EventSender(threading.Thread):
-    """Posts Events from a bounded queue on its own thread; drops them when the API server
-    cannot keep up, since an Event is never worth delaying or failing a decision."""
-
-    def __init__(self, post: Callable[[str, dict[str, Any]], None], stop: threading.Event) -> None:
-        super().__init__(name="event-sender", daemon=True)
-        self._post = post
-        self._stop_event = stop
-        self._queue: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue(maxsize=1000)
-        self.dropped = 0
-
-    def send(self, namespace: str, event: dict[str, Any]) -> None:
-        try:
-            self._queue.put_nowait((namespace, event))
-        except queue.Full:
-            self.dropped += 1
-
-    def run(self) -> None:
-        while not self._stop_event.is_set():
-            try:
-                namespace, event = self._queue.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            try:
-                self._post(namespace, event)
-            except Exception as exc:
-                log.debug("event for %s not posted: %s", event["involvedObject"], exc)
 
 
 class _PendingSweeper(threading.Thread):
@@ -440,10 +410,12 @@ class KubeCluster:
     ) -> None:
         self._ledger = ledger
         self._metrics = metrics or SyncCounters()
-        self._core = client.CoreV1Api(api_client)
+        self._core = RawCoreV1Api(api_client)
         self._api = PreparedApi(api_client)
         self._stop = threading.Event()
-        self._events = _EventSender(self._post_event, self._stop)
+        # At debug level: the extender's Events are a courtesy, and an API server that
+        # refuses them shows in its other calls' logs.
+        self._events = EventSender(self._post_event, self._stop, failure_level=logging.DEBUG)
         self._host = socket.gethostname()
         self._was_synced = False
         self._descheduler = Descheduler(self._patch_pod, self._stop)
@@ -516,7 +488,7 @@ class KubeCluster:
         return pod
 
     def bind(self, pod: Mapping[str, Any], node: str, annotations: Mapping[str, str]) -> None:
-        # Prepared JSON over the client's kept-alive pool, no model: gas/cluster/prepared.py.
+        # Prepared JSON over the client's kept-alive pool, no model: gas/kubeapi/prepared.py.
         metadata = pod.get("metadata") or {}
         name, namespace = str(metadata.get("name")), str(metadata.get("namespace"))
         binding_meta: dict[str, Any] = {
@@ -551,42 +523,22 @@ class KubeCluster:
         self, pod: Mapping[str, Any], event_type: str, reason: str, message: str
     ) -> None:
         metadata = pod.get("metadata") or {}
-        namespace = str(metadata.get("namespace") or "default")
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        involved = {
+            "kind": "Pod",
+            "name": metadata.get("name"),
+            "namespace": str(metadata.get("namespace") or "default"),
+            "uid": metadata.get("uid"),
+        }
         self._events.send(
-            namespace,
-            {
-                "metadata": {"generateName": f"{metadata.get('name')}.", "namespace": namespace},
-                "involvedObject": {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "name": metadata.get("name"),
-                    "namespace": namespace,
-                    "uid": metadata.get("uid"),
-                },
-                "type": event_type,
-                "reason": reason,
-                "message": message[:1000],
-                "source": {"component": "gas"},
-                "reportingComponent": "gas",
-                "reportingInstance": self._host,
-                "firstTimestamp": now,
-                "lastTimestamp": now,
-                "count": 1,
-            },
+            event_body(involved, event_type, reason, message, component="gas", instance=self._host)
         )
 
     def _patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         # A JSON merge patch, never a JSON patch: it needs no labels map to exist, removing
         # an absent label is no error, and no `force` (which only apply patches accept).
         try:
-            response: Any = self._core.patch_namespaced_pod(
-                name,
-                namespace,
-                patch,
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
-                _request_timeout=PATCH_TIMEOUT,
+            response = self._core.patch_namespaced_pod(
+                name, namespace, patch, _content_type=MERGE_PATCH, _request_timeout=PATCH_TIMEOUT
             )
         except client.ApiException as exc:
             message = _api_message(exc)

@@ -252,21 +252,20 @@ class KubeLeaseStore:
     """The Lease through the official client, read and written as plain JSON."""
 
     def __init__(self, api_client: Any, namespace: str, name: str, timeout: float) -> None:
-        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
 
-        self._api = client.CoordinationV1Api(api_client)
-        self._exception = client.ApiException
+        from gas.kubeapi.core import RawCoordinationV1Api
+
+        self._api = RawCoordinationV1Api(api_client)
+        self._exception = ApiException
         self.namespace = namespace
         self.name = name
         self._timeout = (timeout, timeout)
 
     def get(self) -> LeaseRecord | None:
         try:
-            response: Any = self._api.read_namespaced_lease(
-                self.name,
-                self.namespace,
-                _preload_content=False,
-                _request_timeout=self._timeout,
+            response = self._api.read_namespaced_lease(
+                self.name, self.namespace, _request_timeout=self._timeout
             )
         except self._exception as exc:
             if exc.status == 404:
@@ -276,11 +275,8 @@ class KubeLeaseStore:
 
     def create(self, record: LeaseRecord) -> LeaseRecord:
         try:
-            response: Any = self._api.create_namespaced_lease(
-                self.namespace,
-                self._body(record),
-                _preload_content=False,
-                _request_timeout=self._timeout,
+            response = self._api.create_namespaced_lease(
+                self.namespace, self._body(record), _request_timeout=self._timeout
             )
         except self._exception as exc:
             if exc.status == 409:
@@ -290,12 +286,8 @@ class KubeLeaseStore:
 
     def update(self, record: LeaseRecord) -> LeaseRecord:
         try:
-            response: Any = self._api.replace_namespaced_lease(
-                self.name,
-                self.namespace,
-                self._body(record),
-                _preload_content=False,
-                _request_timeout=self._timeout,
+            response = self._api.replace_namespaced_lease(
+                self.name, self.namespace, self._body(record), _request_timeout=self._timeout
             )
         except self._exception as exc:
             if exc.status in (404, 409):
@@ -303,7 +295,7 @@ class KubeLeaseStore:
             raise
         return _record(json.loads(response.data))
 
-    def _body(self, record: LeaseRecord) -> Any:
+    def _body(self, record: LeaseRecord) -> dict[str, Any]:
         # A plain dict: the client serialises it as it is (no model round trip).
         metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
         if record.resource_version:

@@ -20,16 +20,18 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from gas.kubeapi.core import RawCoreV1Api
+from gas.kubeapi.events import EventSender
 from gas.node import discovery
 from gas.node.cards import Card
 from gas.node.devices import DEFAULT_SHARES_PER_CARD, MAX_SHARES_PER_CARD, cards_by_resource
 from gas.node.errors import NodeError
 from gas.node.handout import HandoutWriter
-from gas.node.kubeapi import NodeCoreApi, core_api
+from gas.node.kubeapi import core_api
 from gas.node.matcher import PodMatcher
 from gas.node.metrics import NodeMetrics
 from gas.node.plugin import DevicePlugin, Reporter
-from gas.node.podapi import EventSender, NodeApi
+from gas.node.podapi import NodeApi
 from gas.node.podcache import PodCache
 from gas.node.podresources import DEFAULT_SOCKET, PodResourcesClient, PodResourcesError
 from gas.node.publish import NodePublisher
@@ -139,7 +141,7 @@ class Plugins:
             plugin.set_cards(every, gone)
 
 
-def _publisher(core: NodeCoreApi, node: str, numa: bool) -> Callable[[list[Card]], bool]:
+def _publisher(core: RawCoreV1Api, node: str, numa: bool) -> Callable[[list[Card]], bool]:
     """The node labels and capacity writer."""
     return NodePublisher(core, node, numa=numa).publish
 
@@ -163,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.metrics_host)
     api = NodeApi(core, node)
-    events = EventSender(api, stop)
+    events = EventSender(api.create_event, stop)
     writer_stop = threading.Event()  # after the plugins, so the last writes are flushed
     writer = HandoutWriter(api, metrics, writer_stop)
     pod_resources = PodResourcesClient(args.pod_resources_socket)

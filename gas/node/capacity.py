@@ -20,8 +20,9 @@ from typing import Any
 
 from gas.core.model import TILES
 from gas.core.quantity import QuantityError, parse_quantity
+from gas.kubeapi.core import RawCoreV1Api
 from gas.node.cards import Card
-from gas.node.kubeapi import NodeCoreApi, merge_patch, read_node
+from gas.node.kubeapi import merge_patch, read_node
 
 MEMORY = "gpu.intel.com/memory.max"
 MILLICORES = "gpu.intel.com/millicores"
@@ -83,7 +84,7 @@ def capacity_changes(
     return changes
 
 
-def patch_capacity(api: NodeCoreApi, node: str, changes: Mapping[str, str | None]) -> None:
+def patch_capacity(api: RawCoreV1Api, node: str, changes: Mapping[str, str | None]) -> None:
     """One merge patch of `nodes/<node>/status` with only these keys of `capacity`; no call
     when there is nothing to change."""
     if changes:
@@ -91,7 +92,7 @@ def patch_capacity(api: NodeCoreApi, node: str, changes: Mapping[str, str | None
 
 
 def apply_capacity(
-    api: NodeCoreApi, node: str, desired: Mapping[str, str]
+    api: RawCoreV1Api, node: str, desired: Mapping[str, str]
 ) -> dict[str, str | None]:
     """Bring the node's owned capacity keys to `desired`; returns the changes made."""
     changes = capacity_changes(capacity_of(read_node(api, node)), desired)

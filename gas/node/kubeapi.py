@@ -1,175 +1,29 @@
-"""The node side's Kubernetes client: loading it, the calls it makes, reading this node,
+"""The node side's Kubernetes client: loading it, reading this node, patching it,
 describing failures.
 
-`gas node` makes seven core/v1 calls. It makes them through the official client's
-`ApiClient` (its configuration, kubeconfig and in-cluster loaders, credentials, TLS and
-connection pool), but not through the generated `CoreV1Api`: importing that class loads
-its 63,000-line module and some 130 pydantic models, about 20 MiB of a process whose job
-needs none of them, as every answer is read as plain JSON. `NodeCoreApi` has the same
-method names and arguments as `CoreV1Api`, so the RBAC check of the manifests reads it as
-such, and returns the raw response, as `CoreV1Api` does with `_preload_content=False`.
+`gas node` makes seven core/v1 calls, all through `gas.kubeapi.core.RawCoreV1Api`: the
+official client's `ApiClient` (its configuration, kubeconfig and in-cluster loaders,
+credentials, TLS and connection pool) without the generated `CoreV1Api` and its models,
+which would add about 20 MiB to a process whose job needs none of them.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
 from urllib3 import BaseHTTPResponse
 
+from gas.kubeapi.core import MERGE_PATCH, RawCoreV1Api
 from gas.node.errors import NodeError
 
-MERGE_PATCH = "application/merge-patch+json"
 API_TIMEOUT = (5.0, 30.0)
 """Connect and read timeouts of each API call."""
 
-Timeout = float | tuple[float, float] | None
 
-
-class NodeCoreApi:
-    """The core/v1 calls of `gas node` and `gas label-node`, each named and called as its
-    `CoreV1Api` namesake (only the arguments gas uses). Every call returns the response
-    unread, and raises `ApiException` on a status outside 2xx, after reading its body."""
-
-    def __init__(self, api_client: Any) -> None:
-        """`api_client`: a `kubernetes.client.ApiClient` (`core_api` makes it)."""
-        self.api_client = api_client
-
-    def read_node(self, name: str, *, _request_timeout: Timeout = None) -> BaseHTTPResponse:
-        return self._call("GET", "/api/v1/nodes/{name}", {"name": name}, timeout=_request_timeout)
-
-    def patch_node(
-        self,
-        name: str,
-        body: Mapping[str, Any],
-        *,
-        _content_type: str = MERGE_PATCH,
-        _request_timeout: Timeout = None,
-    ) -> BaseHTTPResponse:
-        return self._patch(
-            "/api/v1/nodes/{name}", {"name": name}, body, _content_type, _request_timeout
-        )
-
-    def patch_node_status(
-        self,
-        name: str,
-        body: Mapping[str, Any],
-        *,
-        _content_type: str = MERGE_PATCH,
-        _request_timeout: Timeout = None,
-    ) -> BaseHTTPResponse:
-        return self._patch(
-            "/api/v1/nodes/{name}/status", {"name": name}, body, _content_type, _request_timeout
-        )
-
-    def list_pod_for_all_namespaces(
-        self,
-        *,
-        field_selector: str | None = None,
-        watch: bool | None = None,
-        resource_version: str | None = None,
-        allow_watch_bookmarks: bool | None = None,
-        timeout_seconds: int | None = None,
-        _request_timeout: Timeout = None,
-    ) -> BaseHTTPResponse:
-        query = {
-            "allowWatchBookmarks": allow_watch_bookmarks,
-            "fieldSelector": field_selector,
-            "resourceVersion": resource_version,
-            "timeoutSeconds": timeout_seconds,
-            "watch": watch,
-        }
-        return self._call("GET", "/api/v1/pods", {}, query=query, timeout=_request_timeout)
-
-    def read_namespaced_pod(
-        self, name: str, namespace: str, *, _request_timeout: Timeout = None
-    ) -> BaseHTTPResponse:
-        return self._call(
-            "GET",
-            "/api/v1/namespaces/{namespace}/pods/{name}",
-            {"name": name, "namespace": namespace},
-            timeout=_request_timeout,
-        )
-
-    def patch_namespaced_pod(
-        self,
-        name: str,
-        namespace: str,
-        body: Mapping[str, Any],
-        *,
-        _content_type: str = MERGE_PATCH,
-        _request_timeout: Timeout = None,
-    ) -> BaseHTTPResponse:
-        return self._patch(
-            "/api/v1/namespaces/{namespace}/pods/{name}",
-            {"name": name, "namespace": namespace},
-            body,
-            _content_type,
-            _request_timeout,
-        )
-
-    def create_namespaced_event(
-        self, namespace: str, body: Mapping[str, Any], *, _request_timeout: Timeout = None
-    ) -> BaseHTTPResponse:
-        return self._call(
-            "POST",
-            "/api/v1/namespaces/{namespace}/events",
-            {"namespace": namespace},
-            body=body,
-            content_type="application/json",
-            timeout=_request_timeout,
-        )
-
-    def _patch(
-        self,
-        path: str,
-        path_params: Mapping[str, str],
-        body: Mapping[str, Any],
-        content_type: str,
-        timeout: Timeout,
-    ) -> BaseHTTPResponse:
-        return self._call(
-            "PATCH", path, path_params, body=body, content_type=content_type, timeout=timeout
-        )
-
-    def _call(
-        self,
-        method: str,
-        path: str,
-        path_params: Mapping[str, str],
-        *,
-        query: Mapping[str, object] | None = None,
-        body: Mapping[str, Any] | None = None,
-        content_type: str | None = None,
-        timeout: Timeout,
-    ) -> BaseHTTPResponse:
-        headers = {"Accept": "application/json"}
-        if content_type is not None:
-            headers["Content-Type"] = content_type
-        params: Sequence[tuple[str, object]] = [
-            (key, value) for key, value in (query or {}).items() if value is not None
-        ]
-        request = self.api_client.param_serialize(
-            method=method,
-            resource_path=path,
-            path_params=dict(path_params),
-            query_params=list(params),
-            header_params=headers,
-            body=dict(body) if body is not None else None,
-            auth_settings=["BearerToken"],
-        )
-        response = self.api_client.call_api(*request, _request_timeout=timeout)
-        if not 200 <= response.status <= 299:
-            response.read()  # the error's body says why
-            raise ApiException.from_response(http_resp=response, body=None, data=None)
-        raw: BaseHTTPResponse = response.response
-        return raw
-
-
-def core_api(kubeconfig: str | None) -> NodeCoreApi:
+def core_api(kubeconfig: str | None) -> RawCoreV1Api:
     """The client from the kubeconfig when given, else in-cluster, else $KUBECONFIG or
     ~/.kube/config."""
     from kubernetes import client, config
@@ -181,19 +35,19 @@ def core_api(kubeconfig: str | None) -> NodeCoreApi:
         raise NodeError(f"kubeconfig {kubeconfig}: no such file")
     try:
         if kubeconfig:
-            return NodeCoreApi(from_file(config_file=kubeconfig))
+            return RawCoreV1Api(from_file(config_file=kubeconfig))
         configuration = client.Configuration()
         try:
             in_cluster(client_configuration=configuration)
-            return NodeCoreApi(client.ApiClient(configuration))
+            return RawCoreV1Api(client.ApiClient(configuration))
         except config.ConfigException:
-            return NodeCoreApi(from_file())
+            return RawCoreV1Api(from_file())
     except (config.ConfigException, OSError) as exc:
         where = kubeconfig or "not in a cluster, and no --kubeConfig"
         raise NodeError(f"cannot load Kubernetes client configuration ({where}): {exc}") from exc
 
 
-def read_node(api: NodeCoreApi, node: str) -> dict[str, Any]:
+def read_node(api: RawCoreV1Api, node: str) -> dict[str, Any]:
     """The node object as JSON, as the API server sent it."""
     response = api.read_node(node, _request_timeout=API_TIMEOUT)
     obj = json.loads(response.data)

@@ -25,8 +25,9 @@ from gas.core.model import (
     SPLIT_LABEL_MARK,
     TILES,
 )
+from gas.kubeapi.core import RawCoreV1Api
 from gas.node.cards import Card
-from gas.node.kubeapi import NodeCoreApi, merge_patch, read_node
+from gas.node.kubeapi import merge_patch, read_node
 
 LABEL_NUMA_GPU_MAP = LABEL_NUMA_MAP
 LABEL_TILES = TILES
@@ -157,14 +158,14 @@ def labels_of(node: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): str(v) for k, v in (labels or {}).items()}
 
 
-def patch_labels(api: NodeCoreApi, node: str, changes: Mapping[str, str | None]) -> None:
+def patch_labels(api: RawCoreV1Api, node: str, changes: Mapping[str, str | None]) -> None:
     """One merge patch of the node's labels; no call when there is nothing to change."""
     if changes:
         merge_patch(api.patch_node, node, {"metadata": {"labels": dict(changes)}})
 
 
 def apply_labels(
-    api: NodeCoreApi,
+    api: RawCoreV1Api,
     node: str,
     desired: Mapping[str, str],
     bases: Iterable[str],

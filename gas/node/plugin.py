@@ -23,6 +23,7 @@ from typing import NoReturn
 
 import grpc
 
+from gas.kubeapi.events import EventSender
 from gas.node.allocation import AllocationError, ContainerGrant, grant
 from gas.node.api.deviceplugin.v1beta1 import api_pb2 as pb
 from gas.node.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
@@ -32,7 +33,7 @@ from gas.node.handout import HandoutWriter, cards_of_ids, handed_out
 from gas.node.identify import GAS, UNMANAGED, Candidate, Decision
 from gas.node.matcher import PodMatcher, State
 from gas.node.metrics import NodeMetrics
-from gas.node.podapi import EventSender, event_body
+from gas.node.podapi import event_body
 from gas.node.podresources import PodResourcesError
 
 log = logging.getLogger(__name__)

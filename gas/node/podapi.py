@@ -3,27 +3,21 @@ annotation, Events.
 
 Every pod and Event call of `gas node` goes through `NodeApi`, so its RBAC (get, list and
 watch `pods` on this node, patch `pods`, create `events`) can be read off this module.
-Objects are read as plain JSON, the shape the pure code reads (`gas.node.kubeapi`).
+Objects are read as plain JSON, the shape the pure code reads (`gas.kubeapi.core`).
 """
 
 from __future__ import annotations
 
-import datetime
 import json
-import logging
-import queue
 import socket
-import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from gas.node.kubeapi import NodeCoreApi
+from gas.kubeapi import events
+from gas.kubeapi.core import MERGE_PATCH, RawCoreV1Api
 
-log = logging.getLogger(__name__)
-
-MERGE_PATCH = "application/merge-patch+json"
 LIST_TIMEOUT = (5.0, 60.0)
 CALL_TIMEOUT = (3.0, 10.0)
 WATCH_SECONDS = 300
@@ -56,7 +50,7 @@ def _fail(exc: ApiException, what: str) -> Exception:
 class NodeApi:
     """The calls of one `gas node`, all about pods on `node`."""
 
-    def __init__(self, core: NodeCoreApi, node: str) -> None:
+    def __init__(self, core: RawCoreV1Api, node: str) -> None:
         """`core`: the client (`gas.node.kubeapi.core_api`)."""
         self.node = node
         self._core = core
@@ -134,48 +128,9 @@ class NodeApi:
 def event_body(
     involved: Mapping[str, Any], event_type: str, reason: str, message: str, node: str
 ) -> dict[str, Any]:
-    """A core/v1 Event about `involved` (kind, name, namespace, uid)."""
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    namespace = str(involved.get("namespace") or "default")
-    return {
-        "metadata": {"generateName": f"{involved.get('name')}.", "namespace": namespace},
-        "involvedObject": {"apiVersion": "v1", **involved},
-        "type": event_type,
-        "reason": reason,
-        "message": message[:1000],
-        "source": {"component": COMPONENT, "host": node},
-        "reportingComponent": COMPONENT,
-        "reportingInstance": f"{COMPONENT}-{node or socket.gethostname()}",
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    }
-
-
-class EventSender(threading.Thread):
-    """Posts Events from a bounded queue on its own thread: an Event is never worth
-    delaying a device-plugin answer, so they are dropped when the API server lags."""
-
-    def __init__(self, api: NodeApi, stop: threading.Event) -> None:
-        super().__init__(name="event-sender", daemon=True)
-        self._api = api
-        self._stop_event = stop
-        self._queue: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue(maxsize=1000)
-        self.dropped = 0
-
-    def send(self, event: dict[str, Any]) -> None:
-        try:
-            self._queue.put_nowait((str(event["metadata"]["namespace"]), event))
-        except queue.Full:
-            self.dropped += 1
-
-    def run(self) -> None:
-        while not self._stop_event.is_set():
-            try:
-                namespace, event = self._queue.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            try:
-                self._api.create_event(namespace, event)
-            except Exception as exc:
-                log.warning("event %s not posted: %s", event.get("reason"), exc)
+    """A core/v1 Event about `involved` (kind, name, namespace, uid), from this node's
+    agent."""
+    instance = f"{COMPONENT}-{node or socket.gethostname()}"
+    return events.event_body(
+        involved, event_type, reason, message, component=COMPONENT, instance=instance, host=node
+    )

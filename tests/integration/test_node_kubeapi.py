@@ -1,7 +1,9 @@
-"""`gas node`'s Kubernetes client (`gas.node.kubeapi.NodeCoreApi`) against the API-server
-double: each call sends what its `CoreV1Api` namesake sends and has the same effect, errors
-come back as the client's `ApiException`, and the agent's process never loads the generated
-`CoreV1Api` or its models (the memory that saves is the point of the class)."""
+"""`gas node`'s Kubernetes client (`gas.kubeapi.core.RawCoreV1Api`, as `gas.node.kubeapi`
+loads it) against the API-server double: each call the agent makes sends what its
+`CoreV1Api` namesake sends and has the same effect, errors come back as the client's
+`ApiException`, and the agent's process never loads the generated `CoreV1Api` or its models
+(the memory that saves is the point of the class). The extender's calls:
+test_kubeapi.py."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from urllib.parse import parse_qs, urlsplit
 import kubernetes
 import pytest
 
-from gas.node.kubeapi import MERGE_PATCH, NodeCoreApi, core_api
+from gas.kubeapi.core import MERGE_PATCH, RawCoreV1Api
+from gas.node.kubeapi import core_api
 from gas.node.podapi import NodeApi, event_body
 from tests.support.apiserver import ApiServerDouble
 from tests.support.objects import container, gpu_node, gpu_pod
@@ -248,8 +251,8 @@ print(loaded)
 
 
 def test_the_scan_of_the_manifests_reads_it_as_core_v1_api() -> None:
-    """Every public method of `NodeCoreApi` is a `CoreV1Api` method of the same name, so
+    """Every public method of `RawCoreV1Api` is a `CoreV1Api` method of the same name, so
     the RBAC check of `deploy/` (tests/integration/test_manifests.py) applies."""
-    methods = {m for m in vars(NodeCoreApi) if not m.startswith("_")}
+    methods = {m for m in vars(RawCoreV1Api) if not m.startswith("_")}
     assert methods
     assert all(callable(getattr(kubernetes.client.CoreV1Api, m, None)) for m in methods)

@@ -1,4 +1,4 @@
-"""The bind path's prepared requests (gas/cluster/prepared.py) against real servers: the
+"""The bind path's prepared requests (gas/kubeapi/prepared.py) against real servers: the
 Binding is one POST that the API server applies, errors map to rejected or uncertain as
 the generated client's did, pod reads answer None only for 404, and the requests carry
 the configuration's credentials (refreshed tokens, client certificate) over its TLS
@@ -20,9 +20,9 @@ import pytest
 from kubernetes import client
 
 from gas.cluster.kube import KubeCluster, load_api_client
-from gas.cluster.prepared import CREDENTIALS_SECONDS, PreparedApi
 from gas.cluster.protocol import BindRejected, BindUncertain, ClusterError
 from gas.core.ledger import Ledger
+from gas.kubeapi.prepared import CREDENTIALS_SECONDS, PreparedApi
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import TLSFiles
 

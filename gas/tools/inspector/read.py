@@ -52,9 +52,9 @@ def cluster_client(kubeconfig: str | None, context: str | None) -> Any:
 def read_cluster(
     api_client: Any, only_node: str | None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    from kubernetes import client
+    from gas.kubeapi.core import RawCoreV1Api
 
-    core = client.CoreV1Api(api_client)
+    core = RawCoreV1Api(api_client)
     if only_node is None:
         nodes = _list_all(core.list_node, "nodes")
         pods = _list_all(core.list_pod_for_all_namespaces, "pods")
@@ -75,9 +75,7 @@ def _list_all(call: Any, what: str, **selectors: str) -> list[dict[str, Any]]:
         if token:
             paging["_continue"] = token
         try:
-            response = call(
-                _preload_content=False, _request_timeout=API_TIMEOUT, **selectors, **paging
-            )
+            response = call(_request_timeout=API_TIMEOUT, **selectors, **paging)
             body = json.loads(response.data)
         except Exception as exc:
             raise InspectError(f"cannot list {what}: {_api_error(exc)}") from exc

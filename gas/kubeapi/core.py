@@ -1,0 +1,237 @@
+"""The core/v1 and coordination/v1 calls of `gas serve`, `gas node` and `gas inspect`:
+`RawCoreV1Api` and `RawCoordinationV1Api`, each method named and called as its namesake in
+the generated client (`CoreV1Api`, `CoordinationV1Api`), with only the arguments gas uses.
+
+They are made as the generated methods make them with `_preload_content=False`: the same
+request (path, query, headers, JSON body) through the same `ApiClient.param_serialize` and
+`call_api`, the response returned unread, and a status outside 2xx raised as the client's
+`ApiException` once its body is read. What they skip is the generated module itself and
+its models (see the package's docstring). Because the names are the generated ones, the
+RBAC check of the manifests (tests/integration/test_manifests.py) reads a call here as the
+generated call it stands for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+from urllib3 import BaseHTTPResponse
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON = "application/json"
+
+Timeout = float | tuple[float, float] | None
+
+NODE_PATH = "/api/v1/nodes/{name}"
+POD_PATH = "/api/v1/namespaces/{namespace}/pods/{name}"
+LEASES_PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+
+
+class _Calls:
+    def __init__(self, api_client: Any) -> None:
+        """`api_client`: a `kubernetes.client.ApiClient`."""
+        self.api_client = api_client
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        path_params: Mapping[str, str],
+        *,
+        query: Mapping[str, object] | None = None,
+        body: Mapping[str, Any] | None = None,
+        content_type: str | None = None,
+        timeout: Timeout,
+    ) -> BaseHTTPResponse:
+        headers = {"Accept": JSON}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        params = [(key, value) for key, value in (query or {}).items() if value is not None]
+        request = self.api_client.param_serialize(
+            method=method,
+            resource_path=path,
+            path_params=dict(path_params),
+            query_params=params,
+            header_params=headers,
+            body=dict(body) if body is not None else None,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api_client.call_api(*request, _request_timeout=timeout)
+        if not 200 <= response.status <= 299:
+            response.read()  # the error's body says why
+            raise ApiException.from_response(http_resp=response, body=None, data=None)
+        raw: BaseHTTPResponse = response.response
+        return raw
+
+
+def _list_query(
+    allow_watch_bookmarks: bool | None,
+    _continue: str | None,
+    field_selector: str | None,
+    limit: int | None,
+    resource_version: str | None,
+    timeout_seconds: int | None,
+    watch: bool | None,
+) -> dict[str, object]:
+    # In the generated client's order, so the query string reads the same.
+    return {
+        "allowWatchBookmarks": allow_watch_bookmarks,
+        "continue": _continue,
+        "fieldSelector": field_selector,
+        "limit": limit,
+        "resourceVersion": resource_version,
+        "timeoutSeconds": timeout_seconds,
+        "watch": watch,
+    }
+
+
+class RawCoreV1Api(_Calls):
+    """The core/v1 calls. Lists and watches take the same arguments: a watch is a list
+    with `watch=True`, its response a stream of JSON lines."""
+
+    def list_node(
+        self,
+        *,
+        allow_watch_bookmarks: bool | None = None,
+        _continue: str | None = None,
+        field_selector: str | None = None,
+        limit: int | None = None,
+        resource_version: str | None = None,
+        timeout_seconds: int | None = None,
+        watch: bool | None = None,
+        _request_timeout: Timeout = None,
+    ) -> BaseHTTPResponse:
+        query = _list_query(
+            allow_watch_bookmarks,
+            _continue,
+            field_selector,
+            limit,
+            resource_version,
+            timeout_seconds,
+            watch,
+        )
+        return self._call("GET", "/api/v1/nodes", {}, query=query, timeout=_request_timeout)
+
+    def list_pod_for_all_namespaces(
+        self,
+        *,
+        allow_watch_bookmarks: bool | None = None,
+        _continue: str | None = None,
+        field_selector: str | None = None,
+        limit: int | None = None,
+        resource_version: str | None = None,
+        timeout_seconds: int | None = None,
+        watch: bool | None = None,
+        _request_timeout: Timeout = None,
+    ) -> BaseHTTPResponse:
+        query = _list_query(
+            allow_watch_bookmarks,
+            _continue,
+            field_selector,
+            limit,
+            resource_version,
+            timeout_seconds,
+            watch,
+        )
+        return self._call("GET", "/api/v1/pods", {}, query=query, timeout=_request_timeout)
+
+    def read_node(self, name: str, *, _request_timeout: Timeout = None) -> BaseHTTPResponse:
+        return self._call("GET", NODE_PATH, {"name": name}, timeout=_request_timeout)
+
+    def patch_node(
+        self,
+        name: str,
+        body: Mapping[str, Any],
+        *,
+        _content_type: str = MERGE_PATCH,
+        _request_timeout: Timeout = None,
+    ) -> BaseHTTPResponse:
+        return self._patch(NODE_PATH, {"name": name}, body, _content_type, _request_timeout)
+
+    def patch_node_status(
+        self,
+        name: str,
+        body: Mapping[str, Any],
+        *,
+        _content_type: str = MERGE_PATCH,
+        _request_timeout: Timeout = None,
+    ) -> BaseHTTPResponse:
+        return self._patch(
+            NODE_PATH + "/status", {"name": name}, body, _content_type, _request_timeout
+        )
+
+    def read_namespaced_pod(
+        self, name: str, namespace: str, *, _request_timeout: Timeout = None
+    ) -> BaseHTTPResponse:
+        where = {"name": name, "namespace": namespace}
+        return self._call("GET", POD_PATH, where, timeout=_request_timeout)
+
+    def patch_namespaced_pod(
+        self,
+        name: str,
+        namespace: str,
+        body: Mapping[str, Any],
+        *,
+        _content_type: str = MERGE_PATCH,
+        _request_timeout: Timeout = None,
+    ) -> BaseHTTPResponse:
+        where = {"name": name, "namespace": namespace}
+        return self._patch(POD_PATH, where, body, _content_type, _request_timeout)
+
+    def create_namespaced_event(
+        self, namespace: str, body: Mapping[str, Any], *, _request_timeout: Timeout = None
+    ) -> BaseHTTPResponse:
+        return self._call(
+            "POST",
+            "/api/v1/namespaces/{namespace}/events",
+            {"namespace": namespace},
+            body=body,
+            content_type=JSON,
+            timeout=_request_timeout,
+        )
+
+    def _patch(
+        self,
+        path: str,
+        path_params: Mapping[str, str],
+        body: Mapping[str, Any],
+        content_type: str,
+        timeout: Timeout,
+    ) -> BaseHTTPResponse:
+        return self._call(
+            "PATCH", path, path_params, body=body, content_type=content_type, timeout=timeout
+        )
+
+
+class RawCoordinationV1Api(_Calls):
+    """The Lease calls of leader election (coordination.k8s.io/v1)."""
+
+    def read_namespaced_lease(
+        self, name: str, namespace: str, *, _request_timeout: Timeout = None
+    ) -> BaseHTTPResponse:
+        where = {"name": name, "namespace": namespace}
+        return self._call("GET", LEASES_PATH + "/{name}", where, timeout=_request_timeout)
+
+    def create_namespaced_lease(
+        self, namespace: str, body: Mapping[str, Any], *, _request_timeout: Timeout = None
+    ) -> BaseHTTPResponse:
+        where = {"namespace": namespace}
+        return self._call(
+            "POST", LEASES_PATH, where, body=body, content_type=JSON, timeout=_request_timeout
+        )
+
+    def replace_namespaced_lease(
+        self,
+        name: str,
+        namespace: str,
+        body: Mapping[str, Any],
+        *,
+        _request_timeout: Timeout = None,
+    ) -> BaseHTTPResponse:
+        where = {"name": name, "namespace": namespace}
+        path = LEASES_PATH + "/{name}"
+        return self._call(
+            "PUT", path, where, body=body, content_type=JSON, timeout=_request_timeout
+        )
