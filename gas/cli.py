@@ -15,8 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from gas import __version__
-from gas.core.durations import NANOSECONDS_PER_SECOND, parse_go_duration
-from gas.core.ledger import DEFAULT_PENDING_GRACE
+from gas.core.durations import DEFAULT_PENDING_GRACE, NANOSECONDS_PER_SECOND, parse_go_duration
 
 log = logging.getLogger("gas")
 

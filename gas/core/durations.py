@@ -10,6 +10,13 @@ import re
 
 NANOSECONDS_PER_SECOND = 1_000_000_000
 
+DEFAULT_PENDING_GRACE = 120.0
+"""Seconds after which a Binding whose outcome was unknown can no longer land: twice the
+API server's default request timeout (60 s), which bounds how late it can still write.
+Here rather than in gas.core.ledger, which uses it, so that the `gas` command's parser
+(`--pendingGrace`) does not load the ledger and numpy into every gas process (`gas node`
+too)."""
+
 # Go spells microseconds `us`, `µs` (U+00B5) or `μs` (U+03BC).
 _PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
 _UNITS = {

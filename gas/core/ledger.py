@@ -36,6 +36,7 @@ from typing import Any, cast
 
 from gas.core.allocator import Placement, Policy, Rejection, place
 from gas.core.answers import AnswerCache, Answers, request_shape
+from gas.core.durations import DEFAULT_PENDING_GRACE
 from gas.core.freebook import Ask, BookView, FreeBook
 from gas.core.holdings import PodHolding, PodObservation
 from gas.core.model import (
@@ -105,11 +106,6 @@ class _NodeBook:
         return {
             card: frozenset(t for t, n in tiles.items() if n > 0) for card, tiles in counts.items()
         }
-
-
-DEFAULT_PENDING_GRACE = 120.0
-"""Seconds after which a Binding whose outcome was unknown can no longer land: twice the
-API server's default request timeout (60 s), which bounds how late it can still write."""
 
 
 @dataclass(frozen=True)

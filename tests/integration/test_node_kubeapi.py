@@ -216,13 +216,14 @@ def test_the_agents_process_never_loads_the_generated_api_or_its_models(
     apiserver: ApiServerDouble, kubeconfig: str
 ) -> None:
     """What `gas node` imports and calls, in a fresh interpreter: the `gas` command's
-    parser, the client, every kind of call; then no generated API class and no model is
-    loaded."""
+    parser, the agent, the client, every kind of call; then no generated API class and no
+    model is loaded, nor numpy (the extender's arrays: 15 MiB)."""
     apiserver.add_node(gpu_node("n1", "0"))
     apiserver.add_pod(gpu_pod("p", container(i915="1"), node="n1"))
     script = f"""
 import sys
 from gas.cli import build_parser
+import gas.node.agent
 from gas.node.kubeapi import core_api, read_node
 from gas.node.labels import patch_labels
 from gas.node.podapi import NodeApi, event_body
@@ -238,7 +239,7 @@ involved = {{"kind": "Pod", "name": "p", "namespace": "default", "uid": "u"}}
 api.create_event("default", event_body(involved, "Normal", "R", "m", "n1"))
 loaded = sorted(
     m for m in sys.modules
-    if m.startswith(("kubernetes.client.api.", "kubernetes.client.models."))
+    if m.startswith(("kubernetes.client.api.", "kubernetes.client.models.", "numpy"))
 )
 print(loaded)
 """
