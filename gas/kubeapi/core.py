@@ -14,7 +14,7 @@ generated call it stands for.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from kubernetes.client.exceptions import ApiException
 from urllib3 import BaseHTTPResponse
@@ -66,101 +66,62 @@ class _Calls:
         return raw
 
 
-def _list_query(
-    allow_watch_bookmarks: bool | None,
-    _continue: str | None,
-    field_selector: str | None,
-    limit: int | None,
-    resource_version: str | None,
-    timeout_seconds: int | None,
-    watch: bool | None,
-) -> dict[str, object]:
-    # In the generated client's order, so the query string reads the same.
-    return {
-        "allowWatchBookmarks": allow_watch_bookmarks,
-        "continue": _continue,
-        "fieldSelector": field_selector,
-        "limit": limit,
-        "resourceVersion": resource_version,
-        "timeoutSeconds": timeout_seconds,
-        "watch": watch,
-    }
+class ListOptions(TypedDict, total=False):
+    """The arguments of a list or watch that gas uses, named as the generated client names
+    them (`watch=True` makes a list a watch, its response a stream of JSON lines)."""
+
+    allow_watch_bookmarks: bool | None
+    _continue: str | None
+    field_selector: str | None
+    limit: int | None
+    resource_version: str | None
+    timeout_seconds: int | None
+    watch: bool | None
+    _request_timeout: Timeout
+
+
+# Each list argument's query parameter, in the generated client's order, so the query
+# string reads the same.
+_LIST_QUERY = {
+    "allow_watch_bookmarks": "allowWatchBookmarks",
+    "_continue": "continue",
+    "field_selector": "fieldSelector",
+    "limit": "limit",
+    "resource_version": "resourceVersion",
+    "timeout_seconds": "timeoutSeconds",
+    "watch": "watch",
+}
+
+
+class PatchOptions(TypedDict, total=False):
+    """The arguments of a patch that gas uses: a JSON merge patch unless `_content_type`
+    says otherwise."""
+
+    _content_type: str
+    _request_timeout: Timeout
 
 
 class RawCoreV1Api(_Calls):
-    """The core/v1 calls. Lists and watches take the same arguments: a watch is a list
-    with `watch=True`, its response a stream of JSON lines."""
+    """The core/v1 calls."""
 
-    def list_node(
-        self,
-        *,
-        allow_watch_bookmarks: bool | None = None,
-        _continue: str | None = None,
-        field_selector: str | None = None,
-        limit: int | None = None,
-        resource_version: str | None = None,
-        timeout_seconds: int | None = None,
-        watch: bool | None = None,
-        _request_timeout: Timeout = None,
-    ) -> BaseHTTPResponse:
-        query = _list_query(
-            allow_watch_bookmarks,
-            _continue,
-            field_selector,
-            limit,
-            resource_version,
-            timeout_seconds,
-            watch,
-        )
-        return self._call("GET", "/api/v1/nodes", {}, query=query, timeout=_request_timeout)
+    def list_node(self, **options: Unpack[ListOptions]) -> BaseHTTPResponse:
+        return self._list("/api/v1/nodes", options)
 
-    def list_pod_for_all_namespaces(
-        self,
-        *,
-        allow_watch_bookmarks: bool | None = None,
-        _continue: str | None = None,
-        field_selector: str | None = None,
-        limit: int | None = None,
-        resource_version: str | None = None,
-        timeout_seconds: int | None = None,
-        watch: bool | None = None,
-        _request_timeout: Timeout = None,
-    ) -> BaseHTTPResponse:
-        query = _list_query(
-            allow_watch_bookmarks,
-            _continue,
-            field_selector,
-            limit,
-            resource_version,
-            timeout_seconds,
-            watch,
-        )
-        return self._call("GET", "/api/v1/pods", {}, query=query, timeout=_request_timeout)
+    def list_pod_for_all_namespaces(self, **options: Unpack[ListOptions]) -> BaseHTTPResponse:
+        return self._list("/api/v1/pods", options)
 
     def read_node(self, name: str, *, _request_timeout: Timeout = None) -> BaseHTTPResponse:
         return self._call("GET", NODE_PATH, {"name": name}, timeout=_request_timeout)
 
     def patch_node(
-        self,
-        name: str,
-        body: Mapping[str, Any],
-        *,
-        _content_type: str = MERGE_PATCH,
-        _request_timeout: Timeout = None,
+        self, name: str, body: Mapping[str, Any], **options: Unpack[PatchOptions]
     ) -> BaseHTTPResponse:
-        return self._patch(NODE_PATH, {"name": name}, body, _content_type, _request_timeout)
+        return self._patch(NODE_PATH, {"name": name}, body, options)
 
     def patch_node_status(
-        self,
-        name: str,
-        body: Mapping[str, Any],
-        *,
-        _content_type: str = MERGE_PATCH,
-        _request_timeout: Timeout = None,
+        self, name: str, body: Mapping[str, Any], **options: Unpack[PatchOptions]
     ) -> BaseHTTPResponse:
-        return self._patch(
-            NODE_PATH + "/status", {"name": name}, body, _content_type, _request_timeout
-        )
+        return self._patch(NODE_PATH + "/status", {"name": name}, body, options)
 
     def read_namespaced_pod(
         self, name: str, namespace: str, *, _request_timeout: Timeout = None
@@ -169,16 +130,9 @@ class RawCoreV1Api(_Calls):
         return self._call("GET", POD_PATH, where, timeout=_request_timeout)
 
     def patch_namespaced_pod(
-        self,
-        name: str,
-        namespace: str,
-        body: Mapping[str, Any],
-        *,
-        _content_type: str = MERGE_PATCH,
-        _request_timeout: Timeout = None,
+        self, name: str, namespace: str, body: Mapping[str, Any], **options: Unpack[PatchOptions]
     ) -> BaseHTTPResponse:
-        where = {"name": name, "namespace": namespace}
-        return self._patch(POD_PATH, where, body, _content_type, _request_timeout)
+        return self._patch(POD_PATH, {"name": name, "namespace": namespace}, body, options)
 
     def create_namespaced_event(
         self, namespace: str, body: Mapping[str, Any], *, _request_timeout: Timeout = None
@@ -192,16 +146,30 @@ class RawCoreV1Api(_Calls):
             timeout=_request_timeout,
         )
 
+    def _list(self, path: str, options: ListOptions) -> BaseHTTPResponse:
+        unknown = options.keys() - ListOptions.__annotations__.keys()
+        if unknown:
+            raise TypeError(f"unexpected list arguments: {sorted(unknown)}")
+        query = {wire: options.get(name) for name, wire in _LIST_QUERY.items()}
+        return self._call("GET", path, {}, query=query, timeout=options.get("_request_timeout"))
+
     def _patch(
         self,
         path: str,
         path_params: Mapping[str, str],
         body: Mapping[str, Any],
-        content_type: str,
-        timeout: Timeout,
+        options: PatchOptions,
     ) -> BaseHTTPResponse:
+        unknown = options.keys() - PatchOptions.__annotations__.keys()
+        if unknown:
+            raise TypeError(f"unexpected patch arguments: {sorted(unknown)}")
         return self._call(
-            "PATCH", path, path_params, body=body, content_type=content_type, timeout=timeout
+            "PATCH",
+            path,
+            path_params,
+            body=body,
+            content_type=options.get("_content_type", MERGE_PATCH),
+            timeout=options.get("_request_timeout"),
         )
 
 

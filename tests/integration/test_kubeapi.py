@@ -14,7 +14,6 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import kubernetes
 import pytest
@@ -24,6 +23,7 @@ from gas.kubeapi.core import RawCoordinationV1Api, RawCoreV1Api
 from gas.kubeapi.prepared import PreparedApi
 from tests.support.apiserver import ApiServerDouble
 from tests.support.objects import container, gpu_node, gpu_pod
+from tests.support.rawcalls import both, json_body, last_request
 
 TIMEOUT = (5.0, 10.0)
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,29 +33,6 @@ DESCHEDULE_CARD0 = "telemetry.aware.scheduling.policy/gas-deschedule-pods-card0"
 @pytest.fixture
 def api_client(kubeconfig: str) -> Any:
     return kubernetes.config.new_client_from_config(config_file=kubeconfig)
-
-
-def _target(apiserver: ApiServerDouble) -> tuple[str, str, dict[str, list[str]]]:
-    method, target = apiserver.request_targets[-1]
-    parts = urlsplit(target)
-    return method, parts.path, parse_qs(parts.query)
-
-
-def _body(response: Any) -> Any:
-    data = response.data
-    response.release_conn()
-    return json.loads(data)
-
-
-def _both(
-    apiserver: ApiServerDouble, ours: Callable[[], Any], theirs: Callable[[], Any]
-) -> tuple[Any, Any]:
-    """Both calls' answers (JSON); asserts that they sent the same request."""
-    first = _body(ours())
-    sent = _target(apiserver)
-    second = _body(theirs())
-    assert _target(apiserver) == sent
-    return first, second
 
 
 @pytest.mark.parametrize("method", ["list_node", "list_pod_for_all_namespaces"])
@@ -72,13 +49,13 @@ def test_a_list_read_in_pages_sends_what_core_v1_api_sends(
     token: str | None = None
     while True:
         paging: dict[str, Any] = {"limit": 2} | ({"_continue": token} if token else {})
-        page, same = _both(
+        page, same = both(
             apiserver,
             partial(ours, _request_timeout=TIMEOUT, **paging),
             partial(theirs, **raw, **paging),
         )
         assert page == same
-        _, path, query = _target(apiserver)
+        _, path, query = last_request(apiserver)
         assert query["limit"] == ["2"] and query.get("continue") == ([token] if token else None)
         names += [item["metadata"]["name"] for item in page["items"]]
         token = page["metadata"].get("continue")
@@ -113,7 +90,7 @@ def test_a_node_watch_sends_what_core_v1_api_sends_and_streams_events(
         # Bookmarks come when the server pleases; the changes are what must agree.
         changes = [e for e in events if e["type"] != "BOOKMARK"]
         names = [(e["type"], e["object"]["metadata"]["name"]) for e in changes]
-        streamed.append((names, _target(apiserver)))
+        streamed.append((names, last_request(apiserver)))
     assert streamed[0] == streamed[1]
     assert streamed[0][0] == [("ADDED", "n2")]
     assert streamed[0][1][2]["watch"] == ["true"]
@@ -125,7 +102,7 @@ def test_an_expired_continue_token_is_the_clients_410(
     for i in range(3):
         apiserver.add_pod(gpu_pod(f"p{i}", container(i915="1"), node="n1"))
     api = RawCoreV1Api(api_client)
-    first = _body(api.list_pod_for_all_namespaces(limit=1, _request_timeout=TIMEOUT))
+    first = json_body(api.list_pod_for_all_namespaces(limit=1, _request_timeout=TIMEOUT))
     apiserver.add_pod(gpu_pod("later", container(i915="1"), node="n1"))
     apiserver.compact()  # the first page's snapshot with it
     with pytest.raises(kubernetes.client.ApiException) as caught:
@@ -155,10 +132,10 @@ def test_lease_calls_send_what_coordination_v1_api_sends(
         }
 
     created = [
-        _body(
+        json_body(
             ours.create_namespaced_lease("gas-system", lease("a", "me"), _request_timeout=TIMEOUT)
         ),
-        _body(theirs.create_namespaced_lease("gas-system", lease("b", "me"), **raw)),
+        json_body(theirs.create_namespaced_lease("gas-system", lease("b", "me"), **raw)),
     ]
     assert (
         apiserver.request_targets[-2:]
@@ -168,7 +145,7 @@ def test_lease_calls_send_what_coordination_v1_api_sends(
         {"holderIdentity": "me", "leaseDurationSeconds": 15}
     ] * 2
 
-    read, same = _both(
+    read, same = both(
         apiserver,
         lambda: ours.read_namespaced_lease("a", "gas-system", _request_timeout=TIMEOUT),
         lambda: theirs.read_namespaced_lease("a", "gas-system", **raw),
@@ -176,7 +153,7 @@ def test_lease_calls_send_what_coordination_v1_api_sends(
     assert read == same == created[0]
 
     version = read["metadata"]["resourceVersion"]
-    replaced = _body(
+    replaced = json_body(
         ours.replace_namespaced_lease(
             "a", "gas-system", lease("a", "you", version), _request_timeout=TIMEOUT
         )
@@ -276,3 +253,17 @@ print(sorted(
     assert [e["reason"] for e in apiserver.events] == ["Seen"]
     methods = {m for m, _ in apiserver.request_targets}
     assert methods == {"GET", "POST", "PUT", "PATCH"}
+
+
+def test_an_argument_gas_does_not_pass_is_refused_before_any_request(
+    apiserver: ApiServerDouble, api_client: Any
+) -> None:
+    """As the generated methods refuse an unknown keyword: a misspelt option must not
+    quietly send a different request."""
+    api: Any = RawCoreV1Api(api_client)
+    apiserver.clear_requests()
+    with pytest.raises(TypeError, match="label_selector"):
+        api.list_node(label_selector="a=b")
+    with pytest.raises(TypeError, match="_preload_content"):
+        api.patch_node("n1", {}, _preload_content=False)
+    assert apiserver.requests == []

@@ -10,10 +10,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import kubernetes
 import pytest
@@ -23,6 +21,7 @@ from gas.node.kubeapi import core_api
 from gas.node.podapi import NodeApi, event_body
 from tests.support.apiserver import ApiServerDouble
 from tests.support.objects import container, gpu_node, gpu_pod
+from tests.support.rawcalls import both, json_body, last_request
 
 TIMEOUT = (5.0, 10.0)
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,29 +34,6 @@ def generated(kubeconfig: str) -> Any:
     )
 
 
-def _target(apiserver: ApiServerDouble) -> tuple[str, str, dict[str, list[str]]]:
-    method, target = apiserver.request_targets[-1]
-    parts = urlsplit(target)
-    return method, parts.path, parse_qs(parts.query)
-
-
-def _body(response: Any) -> Any:
-    data = response.data
-    response.release_conn()
-    return json.loads(data)
-
-
-def _both(
-    apiserver: ApiServerDouble, ours: Callable[[], Any], theirs: Callable[[], Any]
-) -> tuple[Any, Any]:
-    """Both calls' answers (JSON); asserts that they sent the same request."""
-    first = _body(ours())
-    sent = _target(apiserver)
-    second = _body(theirs())
-    assert _target(apiserver) == sent
-    return first, second
-
-
 def test_reads_send_what_core_v1_api_sends_and_get_the_same(
     apiserver: ApiServerDouble, kubeconfig: str, generated: Any
 ) -> None:
@@ -67,14 +43,14 @@ def test_reads_send_what_core_v1_api_sends_and_get_the_same(
     api = core_api(kubeconfig)
     raw = {"_preload_content": False, "_request_timeout": TIMEOUT}
 
-    ours, theirs = _both(
+    ours, theirs = both(
         apiserver,
         lambda: api.read_node("n1", _request_timeout=TIMEOUT),
         lambda: generated.read_node("n1", **raw),
     )
     assert ours == theirs and ours["metadata"]["name"] == "n1"
 
-    ours, theirs = _both(
+    ours, theirs = both(
         apiserver,
         lambda: api.read_namespaced_pod("p", "default", _request_timeout=TIMEOUT),
         lambda: generated.read_namespaced_pod("p", "default", **raw),
@@ -82,7 +58,7 @@ def test_reads_send_what_core_v1_api_sends_and_get_the_same(
     assert ours == theirs and ours["metadata"]["name"] == "p"
 
     selector = "spec.nodeName=n1"
-    ours, theirs = _both(
+    ours, theirs = both(
         apiserver,
         lambda: api.list_pod_for_all_namespaces(field_selector=selector, _request_timeout=TIMEOUT),
         lambda: generated.list_pod_for_all_namespaces(field_selector=selector, **raw),
@@ -118,7 +94,7 @@ def test_a_watch_sends_what_core_v1_api_sends_and_streams_events(
         lines = [e for e in events if e["type"] != "BOOKMARK"]
         response.release_conn()
         streamed.append(
-            ([(e["type"], e["object"]["metadata"]["name"]) for e in lines], _target(apiserver))
+            ([(e["type"], e["object"]["metadata"]["name"]) for e in lines], last_request(apiserver))
         )
     assert streamed[0] == streamed[1]
     assert streamed[0][0][0] == ("ADDED", "q")
@@ -155,12 +131,12 @@ def test_writes_send_what_core_v1_api_sends_with_the_same_effect(
     uid = pod["metadata"]["uid"]
     patch = {"metadata": {"uid": uid, "annotations": {"gas-node-cards": "card1"}}}
     apiserver.clear_requests()
-    ours = _body(
+    ours = json_body(
         api.patch_namespaced_pod(
             "p", "default", patch, _content_type=MERGE_PATCH, _request_timeout=TIMEOUT
         )
     )
-    theirs = _body(
+    theirs = json_body(
         generated.patch_namespaced_pod(
             "p",
             "default",
@@ -181,8 +157,8 @@ def test_an_event_is_created_as_core_v1_api_creates_it(
     involved = {"kind": "Pod", "name": "p", "namespace": "default", "uid": "u1"}
     body = event_body(involved, "Warning", "GasAllocationMismatch", "refused", "n1")
     api = core_api(kubeconfig)
-    ours = _body(api.create_namespaced_event("default", body, _request_timeout=TIMEOUT))
-    theirs = _body(
+    ours = json_body(api.create_namespaced_event("default", body, _request_timeout=TIMEOUT))
+    theirs = json_body(
         generated.create_namespaced_event(
             "default",
             kubernetes.client.CoreV1Event.from_dict(body),
