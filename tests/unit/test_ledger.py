@@ -278,6 +278,33 @@ def test_a_bind_confirmed_by_the_watch_keeps_the_nodes_kept_answers() -> None:
     assert fitted == ["n1"]
 
 
+@pytest.mark.parametrize("landed", [False, None])
+def test_the_watch_confirming_the_last_of_uncertain_binds_frees_the_others(
+    landed: bool | None,
+) -> None:
+    # The pod shows bound exactly as gas counts its last attempt; the earlier attempts,
+    # counted while any of them might have landed, are now known not to have (a pod is
+    # bound once), and their cards go back. `landed` None: the last attempt's watch event
+    # arrives before its bind returns.
+    nodes = [make_node(n, "0", i915="1") for n in ("n1", "n2")]
+    ledger = ledger_with(*nodes)
+    pod = make_pod("a")
+    reserve_pod(ledger, pod, "n1")
+    ledger.commit("uid-a", landed=False)
+    assert reserve_pod(ledger, pod, "n2") == (("card0",),)
+    if landed is not None:
+        ledger.commit("uid-a", landed=landed)
+    assert ledger.usage("n1") == ledger.usage("n2") == {"card0": {I915: 1}}
+    assert isinstance(ledger.check(pod_request(make_pod("b")), ["n1"])["n1"], Rejection)
+    ledger.observe(obs(bound_copy(pod, "n2", "card0")))
+    assert states(ledger) == {"uid-a": State.BOUND}
+    assert "earlier" not in ledger.snapshot()["pods"]["uid-a"]
+    assert ledger.usage("n1") == {}
+    assert ledger.usage("n2") == {"card0": {I915: 1}}
+    # And the answers kept for n1 went with its usage.
+    assert ledger.check(pod_request(make_pod("b")), ["n1"]) == {"n1": (("card0",),)}
+
+
 def test_watch_before_commit_wins_and_commit_keeps_bound() -> None:
     ledger = ledger_with(make_node("n1", "0", i915="2"))
     pod = make_pod("a")
