@@ -26,6 +26,7 @@ node's book changes (`gas.core.answers`).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import threading
 import time
@@ -175,9 +176,15 @@ class Ledger:
                 if entry is not None:
                     self._drop(observation.uid)
             elif observation.holding is not None:
-                if entry is not None and not entry.earlier and entry.holding == observation.holding:
+                if (
+                    entry is not None
+                    and not entry.earlier
+                    and _holds_the_same(entry.holding, observation.holding)
+                ):
                     # What gas counts already (a bind's own watch event, most often): only
                     # the state moves on, so the node's kept answers and arrays stay valid.
+                    # The watch's holding has the pod's priority, which a reservation lacks.
+                    entry.holding = observation.holding
                     entry.state = State.BOUND
                     entry.since = now
                     entry.replaced = None
@@ -608,6 +615,16 @@ class Ledger:
 
 _UNKNOWN_NODE = Rejection("gpu: node is not known to gas", False)
 _NO_BOOK: BookView = ({}, {}, 0)
+
+
+def _holds_the_same(counted: PodHolding, observed: PodHolding) -> bool:
+    """Whether `observed` holds what `counted` does, whatever their priorities: no book
+    counts a priority, and a bind's reservation does not know the pod's (preemption reads
+    it from the watch's holding)."""
+    return counted == observed or (
+        counted.priority != observed.priority
+        and dataclasses.replace(observed, priority=counted.priority) == counted
+    )
 
 
 def _without(

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import random
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -386,10 +387,13 @@ def test_ledger_answers_match_the_search(data: st.DataObject) -> None:
             if holding is not None:
                 ledger.observe(PodObservation(uid, "ns", uid, False, holding))
         elif op == "confirm":
-            # The watch shows the pod bound as gas counts it: its own bind's event.
+            # The watch shows the pod bound as gas counts it: its own bind's event, with
+            # the pod's priority (`which`), which gas's reservation did not know.
             held = ledger.holdings().get(uid)
             if held is not None:
-                ledger.observe(PodObservation(uid, "ns", uid, False, held[0]))
+                seen = dataclasses.replace(held[0], priority=which)
+                ledger.observe(PodObservation(uid, "ns", uid, False, seen))
+                assert ledger.holdings()[uid][0].priority == which
         elif op == "unreadable":
             observation = observe_pod(
                 {

@@ -278,6 +278,36 @@ def test_a_bind_confirmed_by_the_watch_keeps_the_nodes_kept_answers() -> None:
     assert fitted == ["n1"]
 
 
+def test_a_bind_confirmed_with_the_pods_priority_keeps_the_nodes_kept_answers() -> None:
+    # gas reserves without the pod's priority (a bind does not need it) and the watch
+    # brings it; no book counts it (only preemption reads it), so the node's kept answers
+    # stay, and the holding takes the priority.
+    ledger = ledger_with(make_node("n1", "0.1", i915="8", memory_max="32G"))
+    pod = make_pod("a", ctr("x", i915="1", memory_max="2G"), ctr("y", i915="1", memory_max="2G"))
+    pod["spec"]["priority"] = 1000
+    request = pod_request(pod)
+    reserve_pod(ledger, pod, "n1")
+    ledger.commit("uid-a")
+    assert ledger.holdings()["uid-a"][0].priority == 0
+    assert ledger.check(request, ["n1"]) == {"n1": (("card0",), ("card0",))}
+    fitted: list[str] = []
+    original = ledger._place
+
+    def counting_place(node: NodeGpu, *rest: Any) -> Any:
+        fitted.append(node.name)
+        return original(node, *rest)
+
+    ledger._place = counting_place  # type: ignore[method-assign,assignment]
+    bound = bound_copy(pod, "n1", "card0|card0")
+    bound["spec"]["priority"] = 1000
+    ledger.observe(obs(bound))
+    holding, state = ledger.holdings()["uid-a"]
+    assert (holding.priority, state) == (1000, State.BOUND)
+    assert ledger.check(request, ["n1"]) == {"n1": (("card0",), ("card0",))}
+    assert fitted == []
+    assert ledger.usage("n1") == {"card0": {I915: 2, MEM: 4 * G}}
+
+
 @pytest.mark.parametrize("landed", [False, None])
 def test_the_watch_confirming_the_last_of_uncertain_binds_frees_the_others(
     landed: bool | None,
