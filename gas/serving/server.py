@@ -229,6 +229,12 @@ REQUEST_READ_TIMEOUT = 30.0
 _PREBUFFER_LIMIT = 512 * 1024
 _HEAD_LIMIT = 64 * 1024
 _TLS_RECORD = 16 * 1024  # the most plaintext one TLS record carries
+_EARLY_CHECKS = 2
+"""Reads shorter than a TLS record after which a request is checked for completeness
+before the socket is found drained: two cover kube-scheduler's requests (a small one in
+one write; a larger one as Go's 4 kB buffer, then the rest). Each check copies what was
+read so far, so a client sending many small records must not get one per read: the work
+would grow with the square of the request's size."""
 _HEADER = re.compile(rb"\r\n([A-Za-z0-9-]+)[ \t]*:[ \t]*([^\r\n]*)")
 _LAST_CHUNK = re.compile(rb"(?:^|\r\n)0+[ \t]*(?:;[^\r\n]*)?\r\n(?:[^\r\n]+\r\n)*\r\n")
 
@@ -341,6 +347,7 @@ class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
         buffer.seek(0, os.SEEK_END)
         limit = getattr(self.wsgi, "config", {}).get("MAX_CONTENT_LENGTH")
         eof = complete = False
+        checks = 0
         conn.sock.setblocking(False)
         try:
             while buffer.tell() <= _PREBUFFER_LIMIT + _HEAD_LIMIT:
@@ -352,11 +359,14 @@ class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
                     eof = True
                     break
                 buffer.write(data)
-                # Less than a full TLS record: most often the whole of a small request,
-                # which then needs no further read to find the socket drained.
-                if len(data) < _TLS_RECORD and _request_complete(buffer.getvalue(), limit):
-                    complete = True
-                    break
+                # Less than a full TLS record: most often the end of one of the client's
+                # writes, and then maybe of the request, which needs no further read to
+                # find the socket drained.
+                if len(data) < _TLS_RECORD and checks < _EARLY_CHECKS:
+                    checks += 1
+                    if _request_complete(buffer.getvalue(), limit):
+                        complete = True
+                        break
         finally:
             conn.sock.setblocking(True)
         if eof or complete or _request_complete(buffer.getvalue(), limit):
