@@ -4,8 +4,8 @@ deschedule label patches (gas/deschedule.py decides them; this module sends them
 Objects are read as plain JSON, through gas/kubeapi/ rather than the client's generated API
 classes and models: the ledger wants the wire shape, model deserialisation would cost more
 than everything else at tens of thousands of pods, and merely importing `CoreV1Api` costs
-the worker 21 MiB. Lists are read in pages, each
-reduced to what gas keeps before the next is read, and applied once, after the last.
+the worker 21 MiB. Lists are read in pages, each reduced to what gas keeps before the next
+is read, and applied once, after the last.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ same kept-alive urllib3 pool (host, CA, client certificate, TLS server name, pro
 retries) with the same headers, and read the credentials through
 `Configuration.auth_settings()`, so a token that the configuration refreshes (exec
 plugins, projected service-account tokens) is used once it changes (see
-CREDENTIALS_SECONDS).
+CREDENTIALS_SECONDS). Unlike the generated calls, they follow no redirect: the API server
+sends none for these requests, and a 3xx is then an answer like any other (for a Binding,
+an outcome gas cannot know), not a reason to send the Binding and its credentials on.
 """
 
 from __future__ import annotations
