@@ -115,7 +115,9 @@ def cpu_window(meter: CpuMeter | None, window: CpuWindow) -> Iterator[CpuWindow]
 
 GO_WRITE_BUFFER = 4096
 """kube-scheduler's HTTP client (Go's net/http) writes a request through a buffer of this
-size: the head and a body that fits it in one write, a larger body in writes this long."""
+size: the head and a body that fits it in one write; a larger body fills the buffer, which
+is written, and the rest goes in one more write (the transport's connection writer copies
+it straight from the body)."""
 
 
 class _GoWrites(http.client.HTTPSConnection):
@@ -131,8 +133,9 @@ class _GoWrites(http.client.HTTPSConnection):
         self._buffer.extend((b"", b""))  # type: ignore[attr-defined]
         data = b"\r\n".join(self._buffer) + message_body  # type: ignore[attr-defined]
         del self._buffer[:]  # type: ignore[attr-defined]
-        for start in range(0, len(data), GO_WRITE_BUFFER):
-            self.send(data[start : start + GO_WRITE_BUFFER])
+        self.send(data[:GO_WRITE_BUFFER])
+        if len(data) > GO_WRITE_BUFFER:
+            self.send(data[GO_WRITE_BUFFER:])
 
 
 class Client:
