@@ -28,7 +28,8 @@ not thread-safe: the ledger uses it under its lock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 
@@ -127,6 +128,10 @@ class FreeBook:
         # question about the same names with nothing changed gets them again.
         self._changes = 0
         self._memo: tuple[Ask, int, list[Answer | None], list[int]] | None = None
+        # Changes of the nodes themselves (not their books), and for the last rows looked
+        # up, at that count: their fewest usable cards and least capacity per column.
+        self._node_changes = 0
+        self._least: tuple[IntArray, int, tuple[int, list[int]] | None] | None = None
         self._allocate(0, 0, _slots_for(0))
 
     # ------------------------------------------------------------ storage
@@ -197,6 +202,7 @@ class FreeBook:
     def set_node(self, node: NodeGpu, book: BookView) -> None:
         """Add or replace `node`, whose book holds `book`."""
         self._changes += 1
+        self._node_changes += 1
         if not self.enabled:
             return
         row = self._rows.get(node.name)
@@ -211,6 +217,7 @@ class FreeBook:
 
     def remove_node(self, name: str) -> None:
         self._changes += 1
+        self._node_changes += 1
         row = self._rows.pop(name, None)
         if row is None:
             return
@@ -223,6 +230,7 @@ class FreeBook:
         """Every node afresh, with its book from `books` by node name (absent: nothing
         held): after a relist of nodes."""
         self._changes += 1
+        self._node_changes += 1
         if not self.enabled:
             return
         fresh = list({node.name: node for node in nodes}.values())  # the last of a name wins
@@ -436,27 +444,37 @@ class FreeBook:
         memo = self._memo
         if repeated and memo is not None and memo[1] == self._changes and memo[0] == ask:
             return list(memo[2]), list(memo[3])
+        found: list[Answer | None]
+        if self._all_open(ask, rows):
+            # The usual case: the usage decides every node, and no per-node bookkeeping
+            # of which are decided is needed.
+            found = list(self._dynamic(ask, rows))
+            left_out: list[int] = []
+        else:
+            found, left_out = self._decide_each(ask, rows)
+        self._memo = (ask, self._changes, found, left_out)
+        return list(found), list(left_out)
+
+    def _decide_each(self, ask: Ask, rows: IntArray) -> tuple[list[Answer | None], list[int]]:
+        """`decide` where some rows are unknown, not regular, or refused whatever the
+        usage."""
         known = (rows >= 0).nonzero()[0]
         decided = np.zeros(len(rows), np.bool_)
         decided[known] = self._regular[rows[known]]
         where = decided.nonzero()[0]
         table: list[Answer] = []
         code = self._static(ask, rows[where], table)
-        undecided = (code == _OPEN).nonzero()[0]
-        if len(undecided):
-            self._dynamic(ask, rows[where[undecided]], undecided, code, table)
         left = code == _LEFT
         decided[where[left]] = False
-        answers = np.empty(len(table), object)
-        for index, answer in enumerate(table):
-            answers[index] = answer
         out = np.empty(len(rows), object)
-        keep = ~left
-        out[where[keep]] = answers[code[keep]]
+        fixed = code >= 0
+        out[where[fixed]] = np.fromiter(table, object, len(table))[code[fixed]]
+        undecided = (code == _OPEN).nonzero()[0]
+        if len(undecided):
+            answers = self._dynamic(ask, rows[where[undecided]])
+            out[where[undecided]] = np.fromiter(answers, object, len(answers))
         found: list[Answer | None] = out.tolist()
-        left_out: list[int] = (~decided).nonzero()[0].tolist()
-        self._memo = (ask, self._changes, found, left_out)
-        return list(found), list(left_out)
+        return found, (~decided).nonzero()[0].tolist()
 
     def _lookup(self, names: Sequence[str]) -> tuple[IntArray, bool]:
         """The row of each name, -1 for names not known; whether the names are those of
@@ -467,6 +485,31 @@ class FreeBook:
         rows = np.fromiter(map(self._rows.get, listed, repeat(-1)), np.int64, len(listed))
         self._last_names, self._last_rows = list(listed), rows
         return rows, False
+
+    def _all_open(self, ask: Ask, rows: IntArray) -> bool:
+        """Whether every row is known and regular and no reason `_static` checks holds for
+        any: from the least cards and capacities of the rows, kept while the names and
+        the nodes stay the same, and whether any row has a blocking pod."""
+        least = self._least
+        if least is None or least[0] is not rows or least[1] != self._node_changes:
+            least = self._least = (rows, self._node_changes, self._least_of(rows))
+        bounds = least[2]
+        if bounds is None or bounds[0] < ask.gpus:
+            return False
+        capacity = bounds[1]
+        for res, amount in ask.needs:
+            column = self._columns.get(res)
+            if column is None or capacity[column] < max(amount, 1):
+                return False
+        return not (self._blocking.any() and self._blocking.take(rows).any())
+
+    def _least_of(self, rows: IntArray) -> tuple[int, list[int]] | None:
+        """The fewest usable cards and the least capacity per column of `rows`; None
+        unless every row is known and regular."""
+        if not len(rows) or rows.min() < 0 or not self._regular.take(rows).all():
+            return None
+        capacity: list[int] = self._cap.take(rows, axis=1).min(axis=1).tolist()
+        return int(self._nslots.take(rows).min()), capacity
 
     def _static(self, ask: Ask, rows: IntArray, table: list[Answer]) -> IntArray:
         """Reasons that hold whatever the usage, as `place` checks them in order: too few
@@ -514,100 +557,129 @@ class FreeBook:
         code[(code == _OPEN) & few] = _LEFT
         return code
 
-    def _dynamic(
-        self, ask: Ask, rows: IntArray, at: IntArray, code: IntArray, table: list[Answer]
-    ) -> None:
-        """First fit on `rows` (the static checks passed), writing each answer's code into
-        `code` at `at`."""
-        open_ = self._open.take(rows)
-        fits = []
-        for res, amount in ask.needs:
-            free = self._free[self._columns[res]].take(rows, axis=0)
-            fits.append(pack(free >= amount))
-        fit = open_.copy()
-        for mask in fits:
-            fit &= mask
-        passed = np.bitwise_count(fit) >= ask.gpus
-        if passed.any():
-            self._placements(ask, rows[passed], fit[passed], at[passed], code, table)
-        if not passed.all():
-            failed = ~passed
-            lacking = [
-                (res, open_[failed] & ~mask[failed])
-                for (res, _), mask in zip(ask.needs, fits, strict=True)
-            ]
-            code[at[failed]] = self._shortages(rows[failed], lacking, table)
+    def _dynamic(self, ask: Ask, rows: IntArray) -> list[Answer]:
+        """First fit on `rows` (the static checks passed): the answer for each.
 
-    def _placements(
-        self,
-        ask: Ask,
-        rows: IntArray,
-        fit: MaskArray,
-        at: IntArray,
-        code: IntArray,
-        table: list[Answer],
-    ) -> None:
-        """The first `gpus` fitting cards of each row, as allocations shared between the
-        rows that get the same cards."""
-        one = np.uint64(1)
-        chosen = fit & (~fit + one)  # the lowest fitting slot
+        Each resource's free amounts are compared in one pass and packed into a mask of
+        fitting cards per row. Every row then gets a key: when enough cards fit, the
+        cards it gets (its layout and chosen slots), else the negative number of its
+        shortage; each distinct key's answer is made once."""
+        count = len(rows)
+        open_ = self._open.take(rows)
+        needs = ask.needs
+        slots = self._free.shape[2]
+        if needs:
+            room = np.empty((len(needs), count, slots), np.bool_)
+            for index, (res, amount) in enumerate(needs):
+                free = self._free[self._columns[res]].take(rows, axis=0)
+                np.greater_equal(free, amount, out=room[index])
+            fits = pack(room.reshape(len(needs) * count, slots)).reshape(len(needs), count)
+            fit = np.bitwise_and.reduce(fits) & open_
+        else:
+            fits = np.zeros((0, count), np.uint64)
+            fit = open_
+        passed = np.bitwise_count(fit) >= ask.gpus
+        layouts = self._layout.take(rows)
+        chosen = _lowest(fit, ask.gpus)
+        cards: Callable[[int], tuple[int, int]]  # a key's layout and chosen slots
+        if slots <= _KEYED_SLOTS:
+            keys = (layouts << slots) | chosen.astype(np.int64)
+            cards = functools.partial(_split_key, slots)
+        else:
+            # Too many slots to share one number with the layout: pairs numbered.
+            pairs = list(zip(layouts.tolist(), chosen.tolist(), strict=True))
+            numbered = list(dict.fromkeys(pairs))
+            number = {pair: index for index, pair in enumerate(numbered)}
+            keys = np.fromiter(map(number.__getitem__, pairs), np.int64, count)
+            cards = numbered.__getitem__
+        reasons: list[str] = []
+        if not passed.all():
+            reasons = sorted(["blocked", *(res for res, _ in needs)])
+            lacking = open_ & ~fits
+            keys = np.where(passed, keys, self._shortage_keys(ask, rows, lacking, reasons))
+
+        def answer(key: int) -> Answer:
+            if key < 0:
+                return _NOT_ENOUGH if key == -1 else _short_of(reasons[-2 - key])
+            number, slots_taken = cards(key)
+            picked = _picked(self._layout_list[number].cards, slots_taken)
+            return tuple(picked if i == ask.index else () for i in range(ask.containers))
+
+        return _by_key(keys, -2 - len(needs), answer)
+
+    def _shortage_keys(
+        self, ask: Ask, rows: IntArray, lacking: MaskArray, reasons: list[str]
+    ) -> IntArray:
+        """As `allocator._shortage`: per row, what keeps the most usable cards out, ties
+        to the first name in sorted order (`reasons`, "blocked" for blocked cards), as
+        -2 - its index there; -1 when nothing does. `lacking` holds, per resource of the
+        ask, the open cards of each row without room for it."""
+        # Row 0 stays 0: argmax, the first of the most, finds it when no other is more.
+        ranked = np.zeros((len(reasons) + 1, len(rows)), np.int64)
+        ranked[1 + reasons.index("blocked")] = self._nblocked.take(rows)
+        where = [1 + reasons.index(res) for res, _ in ask.needs]
+        ranked[where] = np.bitwise_count(lacking)
+        best: IntArray = ranked.argmax(axis=0)
+        return -1 - best
+
+
+def _lowest(fit: MaskArray, count: int) -> MaskArray:
+    """The lowest `count` bits set in each mask of `fit` (all of them, when fewer)."""
+    one = np.uint64(1)
+    chosen = fit & (~fit + one)
+    if count > 1:
         rest = fit ^ chosen
-        for _ in range(ask.gpus - 1):
+        for _ in range(count - 1):
             lowest = rest & (~rest + one)
             chosen |= lowest
             rest ^= lowest
-        layouts = self._layout.take(rows)
-        if ask.gpus == 1:
-            # One card: the key (layout, slot) is a small number; no sorting needed.
-            keys = layouts * MAX_SLOTS + np.bitwise_count(chosen - one).astype(np.int64)
-            present = np.bincount(keys).nonzero()[0]
-            lookup = np.zeros(int(present[-1]) + 1, np.int64)
-            for key in present.tolist():
-                number, slot = divmod(key, MAX_SLOTS)
-                lookup[key] = len(table)
-                table.append(self._allocation(ask, (self._layout_list[number].cards[slot],)))
-            code[at] = lookup[keys]
-            return
-        for number in np.bincount(layouts).nonzero()[0].tolist():
-            mine = layouts == number
-            masks, inverse = np.unique(chosen[mine], return_inverse=True)
-            cards = self._layout_list[number].cards
-            base = len(table)
-            for mask in masks.tolist():
-                picked = tuple(card for slot, card in enumerate(cards) if mask >> slot & 1)
-                table.append(self._allocation(ask, picked))
-            code[at[mine]] = base + inverse.reshape(-1)
+    return chosen
 
-    @staticmethod
-    def _allocation(ask: Ask, cards: tuple[str, ...]) -> Allocation:
-        return tuple(cards if i == ask.index else () for i in range(ask.containers))
 
-    def _shortages(
-        self, rows: IntArray, lacking: list[tuple[str, MaskArray]], table: list[Answer]
-    ) -> IntArray:
-        """As `allocator._shortage`: per row, the resource (or "blocked") that keeps the
-        most usable cards out, ties to the first name in sorted order. `lacking` holds,
-        per resource, the open cards of each row without room for it."""
-        counts: dict[str, IntArray] = {"blocked": self._nblocked.take(rows)}
-        for res, mask in lacking:
-            counts[res] = np.bitwise_count(mask).astype(np.int64)
-        best = np.zeros(len(rows), np.int64)
-        which = np.full(len(rows), len(table), np.int64)
-        table.append(Rejection("gpu: not enough free cards for every container of the pod", False))
-        for key in sorted(counts):
-            better = counts[key] > best
-            if not better.any():
-                continue
-            best[better] = counts[key][better]
-            which[better] = len(table)
-            if key == "blocked":
-                reason = (
-                    "gpu: cards are held by a pod with an unreadable gas-container-cards annotation"
-                )
-            else:
-                reason = f"gpu: not enough free {key} on the node's cards"
-            table.append(Rejection(reason, False))
-        return which
+def _split_key(slots: int, key: int) -> tuple[int, int]:
+    """The layout number and the chosen slots in a key of a row that passes."""
+    return key >> slots, key & ((1 << slots) - 1)
+
+
+def _picked(cards: tuple[str, ...], mask: int) -> tuple[str, ...]:
+    """The cards of `cards` whose bit is set in `mask`."""
+    return tuple(card for slot, card in enumerate(cards) if mask >> slot & 1)
+
+
+def _by_key(keys: IntArray, low: int, answer: Callable[[int], Answer]) -> list[Answer]:
+    """`answer(key)` for each of `keys` (none below `low`), made once per distinct key:
+    found through a table indexed by key when the keys span little, else by sorting."""
+    span = int(keys.max()) - low + 1
+    if span <= _SPAN_PER_KEY * len(keys) + _SPAN:
+        shifted = keys - low
+        present = np.bincount(shifted).nonzero()[0]
+        index = np.zeros(span, np.intp)
+        index[present] = np.arange(len(present))
+        made = np.fromiter((answer(key + low) for key in present.tolist()), object, len(present))
+        found: list[Answer] = made[index[shifted]].tolist()
+        return found
+    distinct, inverse = np.unique(keys, return_inverse=True)
+    made = np.fromiter(map(answer, distinct.tolist()), object, len(distinct))
+    found = made[inverse.reshape(-1)].tolist()
+    return found
+
+
+_NOT_ENOUGH = Rejection("gpu: not enough free cards for every container of the pod", False)
+_CARDS_HELD = "gpu: cards are held by a pod with an unreadable gas-container-cards annotation"
+
+
+@functools.lru_cache(maxsize=256)
+def _short_of(key: str) -> Rejection:
+    """The reason naming what keeps cards out: a resource, or "blocked" cards."""
+    if key == "blocked":
+        return Rejection(_CARDS_HELD, False)
+    return Rejection(f"gpu: not enough free {key} on the node's cards", False)
+
+
+_KEYED_SLOTS = 32
+"""Slots a row may have for its layout number and chosen cards to share one int64."""
+_SPAN_PER_KEY, _SPAN = 4, 4096
+"""How wide a span of keys is looked up through a table rather than sorted."""
 
 
 _OPEN = -1
