@@ -132,6 +132,10 @@ class FreeBook:
         # up, at that count: their fewest usable cards and least capacity per column.
         self._node_changes = 0
         self._least: tuple[IntArray, int, tuple[int, list[int]] | None] | None = None
+        # Allocations made so far, by the ask's container (index, count), the slots of a
+        # row and the key of the chosen cards (see `_dynamic`): layouts keep their number
+        # until every node is replaced.
+        self._made: dict[tuple[int, int, int], dict[int, Allocation]] = {}
         self._allocate(0, 0, _slots_for(0))
 
     # ------------------------------------------------------------ storage
@@ -238,6 +242,7 @@ class FreeBook:
         self._spare = []
         self._layouts = {}
         self._layout_list = []
+        self._made = {}
         self._columns = {}
         self._last_names = None
         layouts = [self._regular_layout(node) for node in fresh]
@@ -585,6 +590,9 @@ class FreeBook:
         if slots <= _KEYED_SLOTS:
             keys = (layouts << slots) | chosen.astype(np.int64)
             cards = functools.partial(_split_key, slots)
+            made = self._made.setdefault((ask.index, ask.containers, slots), {})
+            if len(made) > _MADE_KEPT:
+                made.clear()
         else:
             # Too many slots to share one number with the layout: pairs numbered.
             pairs = list(zip(layouts.tolist(), chosen.tolist(), strict=True))
@@ -592,6 +600,7 @@ class FreeBook:
             number = {pair: index for index, pair in enumerate(numbered)}
             keys = np.fromiter(map(number.__getitem__, pairs), np.int64, count)
             cards = numbered.__getitem__
+            made = {}
         reasons: list[str] = []
         if not passed.all():
             reasons = sorted(["blocked", *(res for res, _ in needs)])
@@ -601,9 +610,13 @@ class FreeBook:
         def answer(key: int) -> Answer:
             if key < 0:
                 return _NOT_ENOUGH if key == -1 else _short_of(reasons[-2 - key])
-            number, slots_taken = cards(key)
-            picked = _picked(self._layout_list[number].cards, slots_taken)
-            return tuple(picked if i == ask.index else () for i in range(ask.containers))
+            allocation = made.get(key)
+            if allocation is None:
+                number, taken = cards(key)
+                picked = _picked(self._layout_list[number].cards, taken)
+                allocation = tuple(picked if i == ask.index else () for i in range(ask.containers))
+                made[key] = allocation
+            return allocation
 
         return _by_key(keys, -2 - len(needs), answer)
 
@@ -678,6 +691,8 @@ def _short_of(key: str) -> Rejection:
 
 _KEYED_SLOTS = 32
 """Slots a row may have for its layout number and chosen cards to share one int64."""
+_MADE_KEPT = 100_000
+"""Allocations kept per kind of ask (each a few cards of one layout)."""
 _SPAN_PER_KEY, _SPAN = 4, 4096
 """How wide a span of keys is looked up through a table rather than sorted."""
 
