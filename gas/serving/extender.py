@@ -134,6 +134,8 @@ class _Face:
         # without its lock on every request.
         self._latency: dict[str, Histogram] = {}
         self._requests: dict[tuple[str, str], Counter] = {}
+        self._rejections: dict[str, Counter] = {}
+        self._verdicts: dict[str, Counter] = {}
 
     def answer(self, verb: str, environ: WSGIEnvironment) -> tuple[int, bytes, str]:
         """A POST to `verb`: its status, body and outcome label ("" when it did not reach
@@ -163,9 +165,9 @@ class _Face:
             except RecursionError:
                 raise BadRequest("JSON nested too deeply") from None
         for reason, count in outcome.rejections.items():
-            self._metrics.rejections.labels(reason).inc(count)
+            _child(self._rejections, self._metrics.rejections, reason).inc(count)
         for verdict, count in outcome.verdicts.items():
-            self._metrics.preempt_nodes.labels(verdict).inc(count)
+            _child(self._verdicts, self._metrics.preempt_nodes, verdict).inc(count)
         if line is not None:
             decisions.info(line)
         status = 503 if outcome.label == NOT_SYNCED else 200
@@ -212,6 +214,15 @@ class _Face:
 
     def ledger(self) -> Response:
         return _json(self._ledger.snapshot())
+
+
+def _child(children: dict[str, Counter], metric: Counter, label: str) -> Counter:
+    """`metric.labels(label)`, kept in `children`: as `labels()` makes it, without its
+    lock and checks on every request."""
+    child = children.get(label)
+    if child is None:
+        child = children.setdefault(label, metric.labels(label))
+    return child
 
 
 def _start_clock() -> None:

@@ -353,13 +353,21 @@ def partition(
     passed = list(compress(names, map(operator.not_, refused)))
     rejections = list(compress(answers, refused))
     refused_names = list(compress(names, refused))
-    reasons: list[str] = list(map(attrgetter("reason"), rejections))
-    final = list(map(attrgetter("unresolvable"), rejections))
-    # Two zips rather than one list of pairs: zip reuses its tuple as dict() consumes it,
-    # where a list would hold thousands of tuples for the garbage collector to count.
-    failed = dict(compress(zip(refused_names, reasons, strict=True), map(operator.not_, final)))
-    unresolvable = dict(compress(zip(refused_names, reasons, strict=True), final))
+    reasons: list[str] = list(map(_REASON, rejections))
+    if any(map(_UNRESOLVABLE, rejections)):
+        final = list(map(_UNRESOLVABLE, rejections))
+        # Two zips rather than one list of pairs: zip reuses its tuple as dict() consumes
+        # it, where a list would hold thousands of tuples for the garbage collector.
+        pairs = zip(refused_names, reasons, strict=True)
+        failed = dict(compress(pairs, map(operator.not_, final)))
+        unresolvable = dict(compress(zip(refused_names, reasons, strict=True), final))
+    else:  # the usual case: a pass over the refusals less
+        failed, unresolvable = dict(zip(refused_names, reasons, strict=True)), {}
     return passed, failed, unresolvable, Counter(reasons)
+
+
+_REASON = attrgetter("reason")
+_UNRESOLVABLE = attrgetter("unresolvable")
 
 
 def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:

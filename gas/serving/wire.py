@@ -398,10 +398,7 @@ def clean(message: str) -> str:
 def clean_values(reasons: dict[str, str]) -> dict[str, str]:
     """`clean` on every value; thousands of nodes share a few reasons, each cleaned once,
     and the dict is returned as it is when no reason changes."""
-    cleaned: dict[str, str] = {}
-    for reason in reasons.values():
-        if reason not in cleaned:
-            cleaned[reason] = clean(reason)
+    cleaned = {reason: clean(reason) for reason in set(reasons.values())}
     if all(before is after for before, after in cleaned.items()):
         return reasons
     return {name: cleaned[reason] for name, reason in reasons.items()}
