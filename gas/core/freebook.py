@@ -29,6 +29,7 @@ not thread-safe: the ledger uses it under its lock.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
@@ -37,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gas.core.allocator import NODE_BLOCKED, Policy, Rejection
+from gas.core.judgement import Judgement, judge_refusals
 from gas.core.model import (
     ANNOTATION_ALLOW,
     ANNOTATION_DENY,
@@ -128,6 +130,7 @@ class FreeBook:
         # question about the same names with nothing changed gets them again.
         self._changes = 0
         self._memo: tuple[Ask, int, list[Answer | None], list[int]] | None = None
+        self._judged: tuple[Ask, int, Judgement] | None = None
         # Changes of the nodes themselves (not their books), and for the last rows looked
         # up, at that count: their fewest usable cards and least capacity per column.
         self._node_changes = 0
@@ -460,6 +463,30 @@ class FreeBook:
         self._memo = (ask, self._changes, found, left_out)
         return list(found), list(left_out)
 
+    def judge(self, ask: Ask, names: Sequence[str]) -> Judgement | None:
+        """What a filter answers of `decide`'s answers (`judgement.judge`), found without
+        an answer per name, when the usage decides every one of `names`; None otherwise.
+        Refusals then come from the usage alone: none is unresolvable."""
+        rows, repeated = self._lookup(names)
+        memo = self._judged
+        if repeated and memo is not None and memo[1] == self._changes and memo[0] == ask:
+            return memo[2].copy()
+        if not self._all_open(ask, rows):
+            return None
+        open_, fits, _, passed = self._fit(ask, rows)
+        refusals: list[str] = []
+        counts: Counter[str] = Counter()
+        if not passed.all():
+            reasons = sorted(["blocked", *(res for res, _ in ask.needs)])
+            keys = self._shortage_keys(ask, rows, open_ & ~fits, reasons)[~passed]
+            texts = [_NOT_ENOUGH.reason, *(_short_of(reason).reason for reason in reasons)]
+            refusals = np.array(texts, object)[-1 - keys].tolist()
+            tally = np.bincount(-1 - keys, minlength=len(texts)).tolist()
+            counts.update({text: n for text, n in zip(texts, tally, strict=True) if n})
+        judged = judge_refusals(names, passed.tolist(), refusals, counts)
+        self._judged = (ask, self._changes, judged)
+        return judged.copy()
+
     def _decide_each(self, ask: Ask, rows: IntArray) -> tuple[list[Answer | None], list[int]]:
         """`decide` where some rows are unknown, not regular, or refused whatever the
         usage."""
@@ -562,13 +589,11 @@ class FreeBook:
         code[(code == _OPEN) & few] = _LEFT
         return code
 
-    def _dynamic(self, ask: Ask, rows: IntArray) -> list[Answer]:
-        """First fit on `rows` (the static checks passed): the answer for each.
-
-        Each resource's free amounts are compared in one pass and packed into a mask of
-        fitting cards per row. Every row then gets a key: when enough cards fit, the
-        cards it gets (its layout and chosen slots), else the negative number of its
-        shortage; each distinct key's answer is made once."""
+    def _fit(self, ask: Ask, rows: IntArray) -> tuple[MaskArray, MaskArray, MaskArray, BoolArray]:
+        """First fit on `rows` (the static checks passed): each row's open cards, its
+        cards with room for each resource of the ask, its cards with room for all, and
+        whether they are enough. Each resource's free amounts are compared in one pass
+        and packed into a mask of cards per row."""
         count = len(rows)
         open_ = self._open.take(rows)
         needs = ask.needs
@@ -583,7 +608,17 @@ class FreeBook:
         else:
             fits = np.zeros((0, count), np.uint64)
             fit = open_
-        passed = np.bitwise_count(fit) >= ask.gpus
+        return open_, fits, fit, np.bitwise_count(fit) >= ask.gpus
+
+    def _dynamic(self, ask: Ask, rows: IntArray) -> list[Answer]:
+        """The answer of first fit on each of `rows` (the static checks passed). Every
+        row gets a key: when enough cards fit, the cards it gets (its layout and chosen
+        slots), else the negative number of its shortage; each distinct key's answer is
+        made once."""
+        open_, fits, fit, passed = self._fit(ask, rows)
+        count = len(rows)
+        needs = ask.needs
+        slots = self._free.shape[2]
         layouts = self._layout.take(rows)
         chosen = _lowest(fit, ask.gpus)
         cards: Callable[[int], tuple[int, int]]  # a key's layout and chosen slots

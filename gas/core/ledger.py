@@ -40,6 +40,7 @@ from gas.core.answers import AnswerCache, Answers, request_shape
 from gas.core.durations import DEFAULT_PENDING_GRACE
 from gas.core.freebook import Ask, BookView, FreeBook
 from gas.core.holdings import PodHolding, PodObservation
+from gas.core.judgement import Judgement, judge
 from gas.core.model import (
     Allocation,
     NodeGpu,
@@ -294,6 +295,22 @@ class Ledger:
             if ask is not None:
                 return self._decide(request, names, own, ask)
             return self._check_names(request, names, own, self._cache.answers(shape))
+
+    def judge_names(
+        self, request: PodRequest, names: Sequence[str], uid: str | None = None
+    ) -> Judgement:
+        """What a filter answers of `check_names`: the names that pass, and the reason for
+        each of the others. The arrays find it for the usual pod on nodes they decide
+        without an answer per node."""
+        ask = self._free.ask(request)
+        if ask is not None:
+            with self._lock:
+                # The pod's own uncertain bind makes its answer on that node its own.
+                own = self._own_pending(uid)
+                judged = self._free.judge(ask, names) if own is None else None
+            if judged is not None:
+                return judged
+        return judge(names, self.check_names(request, names, uid))
 
     def _decide(
         self, request: PodRequest, names: Sequence[str], own: PodHolding | None, ask: Ask

@@ -9,26 +9,23 @@ carries internal failures and refused binds only.
 
 from __future__ import annotations
 
-import operator
 import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from itertools import compress, repeat
-from operator import attrgetter
 from typing import Any
 
 from gas.cluster.protocol import BindRejected, BindUncertain, Cluster, ClusterError
 from gas.core import preemption, scoring
 from gas.core.allocator import Policy, Rejection
+from gas.core.judgement import Judgement, judge
 from gas.core.ledger import Ledger
 from gas.core.model import (
     ANNOTATION_CARDS,
     ANNOTATION_TILES,
     ANNOTATION_TS,
     FIRST_FIT,
-    Allocation,
     NodeGpu,
     SpecError,
     as_list,
@@ -116,21 +113,21 @@ class Extender:
         if not self._cluster.synced():
             body = wire.filter_result([], {}, {}, args.nodes, "gas is not synced")
             return Reply(body, Outcome(NOT_SYNCED))
-        answers: list[Allocation | Rejection]
+        judged: Judgement
         try:
             ask = pod_request(pod)
         except SpecError as exc:
-            answers = [Rejection(str(exc), unresolvable=True)] * len(names)
+            judged = judge(names, [Rejection(str(exc), unresolvable=True)] * len(names))
         else:
             if args.uid is not None:
                 self._memory.remember(args.uid, slim_pod(pod))
             if args.nodes is None:
-                answers = self._ledger.check_names(ask, names, args.uid)
+                judged = self._ledger.judge_names(ask, names, args.uid)
             else:
                 candidates = [node_from_object(item) for item in args.nodes]
                 results = self._ledger.check(ask, candidates, args.uid)
-                answers = list(map(results.__getitem__, names))
-        passed, failed, unresolvable, counts = partition(names, answers)
+                judged = judge(names, list(map(results.__getitem__, names)))
+        passed, failed, unresolvable, counts = judged
         reasons = sorted_counts(counts)
         decision = decision_record(
             "filter",
@@ -341,33 +338,6 @@ class _BindFailed(Exception):
         self.label = label
         self.message = message
         self.rejection = rejection
-
-
-def partition(
-    names: list[str], answers: list[Allocation | Rejection]
-) -> tuple[list[str], dict[str, str], dict[str, str], Counter[str]]:
-    """(passed names, failed and unresolvable reasons by name, nodes per reason) in the
-    order of `names`, from the answer for each. A filter judges thousands of nodes: every
-    step is a C-level pass over them rather than a Python loop."""
-    refused = list(map(isinstance, answers, repeat(Rejection)))
-    passed = list(compress(names, map(operator.not_, refused)))
-    rejections = list(compress(answers, refused))
-    refused_names = list(compress(names, refused))
-    reasons: list[str] = list(map(_REASON, rejections))
-    if any(map(_UNRESOLVABLE, rejections)):
-        final = list(map(_UNRESOLVABLE, rejections))
-        # Two zips rather than one list of pairs: zip reuses its tuple as dict() consumes
-        # it, where a list would hold thousands of tuples for the garbage collector.
-        pairs = zip(refused_names, reasons, strict=True)
-        failed = dict(compress(pairs, map(operator.not_, final)))
-        unresolvable = dict(compress(zip(refused_names, reasons, strict=True), final))
-    else:  # the usual case: a pass over the refusals less
-        failed, unresolvable = dict(zip(refused_names, reasons, strict=True)), {}
-    return passed, failed, unresolvable, Counter(reasons)
-
-
-_REASON = attrgetter("reason")
-_UNRESOLVABLE = attrgetter("unresolvable")
 
 
 def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
