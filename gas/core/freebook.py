@@ -129,8 +129,8 @@ class FreeBook:
         # Changes so far, and the last answers with the count they were given at: the same
         # question about the same names with nothing changed gets them again.
         self._changes = 0
-        self._memo: tuple[Ask, int, list[Answer | None], list[int]] | None = None
-        self._judged: tuple[Ask, int, Judgement] | None = None
+        self._memo: tuple[Ask, int, IntArray, list[Answer | None], list[int]] | None = None
+        self._judged: tuple[Ask, int, IntArray, Judgement] | None = None
         # Changes of the nodes themselves (not their books), and for the last rows looked
         # up, at that count: their fewest usable cards and least capacity per column.
         self._node_changes = 0
@@ -448,10 +448,10 @@ class FreeBook:
         current book; None for the nodes left to `place` (unknown to the book, not
         regular, or refused for a reason that needs the node object), whose indices come
         second."""
-        rows, repeated = self._lookup(names)
+        rows = self._lookup(names)
         memo = self._memo
-        if repeated and memo is not None and memo[1] == self._changes and memo[0] == ask:
-            return list(memo[2]), list(memo[3])
+        if memo is not None and memo[2] is rows and memo[1] == self._changes and memo[0] == ask:
+            return list(memo[3]), list(memo[4])
         found: list[Answer | None]
         if self._all_open(ask, rows):
             # The usual case: the usage decides every node, and no per-node bookkeeping
@@ -460,17 +460,17 @@ class FreeBook:
             left_out: list[int] = []
         else:
             found, left_out = self._decide_each(ask, rows)
-        self._memo = (ask, self._changes, found, left_out)
+        self._memo = (ask, self._changes, rows, found, left_out)
         return list(found), list(left_out)
 
     def judge(self, ask: Ask, names: Sequence[str]) -> Judgement | None:
         """What a filter answers of `decide`'s answers (`judgement.judge`), found without
         an answer per name, when the usage decides every one of `names`; None otherwise.
         Refusals then come from the usage alone: none is unresolvable."""
-        rows, repeated = self._lookup(names)
+        rows = self._lookup(names)
         memo = self._judged
-        if repeated and memo is not None and memo[1] == self._changes and memo[0] == ask:
-            return memo[2].copy()
+        if memo is not None and memo[2] is rows and memo[1] == self._changes and memo[0] == ask:
+            return memo[3].copy()
         if not self._all_open(ask, rows):
             return None
         open_, fits, _, passed = self._fit(ask, rows)
@@ -484,7 +484,7 @@ class FreeBook:
             tally = np.bincount(-1 - keys, minlength=len(texts)).tolist()
             counts.update({text: n for text, n in zip(texts, tally, strict=True) if n})
         judged = judge_refusals(names, passed.tolist(), refusals, counts)
-        self._judged = (ask, self._changes, judged)
+        self._judged = (ask, self._changes, rows, judged)
         return judged.copy()
 
     def _decide_each(self, ask: Ask, rows: IntArray) -> tuple[list[Answer | None], list[int]]:
@@ -508,15 +508,15 @@ class FreeBook:
         found: list[Answer | None] = out.tolist()
         return found, (~decided).nonzero()[0].tolist()
 
-    def _lookup(self, names: Sequence[str]) -> tuple[IntArray, bool]:
-        """The row of each name, -1 for names not known; whether the names are those of
-        the last lookup."""
+    def _lookup(self, names: Sequence[str]) -> IntArray:
+        """The row of each name, -1 for names not known: the same array as last time when
+        the names are the same (what the last answers are kept for)."""
         listed = names if isinstance(names, list) else list(names)
         if self._last_names is not None and listed == self._last_names:
-            return self._last_rows, True
+            return self._last_rows
         rows = np.fromiter(map(self._rows.get, listed, repeat(-1)), np.int64, len(listed))
         self._last_names, self._last_rows = list(listed), rows
-        return rows, False
+        return rows
 
     def _all_open(self, ask: Ask, rows: IntArray) -> bool:
         """Whether every row is known and regular and no reason `_static` checks holds for

@@ -12,7 +12,7 @@ import collections
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from hypothesis import HealthCheck, event, given, settings
@@ -21,12 +21,14 @@ from hypothesis import strategies as st
 from gas.core.allocator import NODE_BLOCKED, Placement, Policy, Rejection, place
 from gas.core.freebook import MAX_SLOTS, FreeBook, pack
 from gas.core.holdings import PodObservation, observe_pod
+from gas.core.judgement import judge
 from gas.core.ledger import Ledger
 from gas.core.model import (
     ANNOTATION_ALLOW,
     ANNOTATION_DENY,
     ANNOTATION_POLICY,
     I915,
+    Allocation,
     NodeGpu,
     PodRequest,
     pod_request,
@@ -70,6 +72,7 @@ class Model:
         self.free = FreeBook(policy)
         self.nodes: dict[str, NodeGpu] = {}
         self.books: dict[str, Book] = {}
+        self.judged = 0  # calls of `compare` that `FreeBook.judge` answered
 
     def view(self, name: str) -> tuple[Usage, dict[str, int], int]:
         book = self.books.get(name, Book())
@@ -107,7 +110,7 @@ class Model:
             book.blocking += sign
             self.free.set_blocking(node, book.blocking)
 
-    def reference(self, request: PodRequest, name: str) -> object:
+    def reference(self, request: PodRequest, name: str) -> Allocation | Rejection:
         node = self.nodes[name]
         usage, blocked, blocking = self.view(name)
         result = place(
@@ -138,6 +141,13 @@ class Model:
             # Only nodes the arrays cannot decide: unknown, irregular, or too few usable.
             node = self.nodes.get(names[index])
             assert node is None or plain_node_left(node, request), names[index]
+        judged = self.free.judge(ask, names)
+        if judged is not None:
+            # Given only where the usage decides every name: what a filter makes of the
+            # general search's answers.
+            assert not left
+            assert judged == judge(names, [self.reference(request, name) for name in names])
+            self.judged += 1
         return len(names) - len(left), len(left)
 
 
@@ -261,8 +271,11 @@ def test_decide_matches_the_search_through_changes(data: st.DataObject) -> None:
     for op, name, which in data.draw(operations):
         if op == "check":
             names = [*NAMES, "unknown", NAMES[which % len(NAMES)]]
+            known = [n for n in NAMES if n in model.nodes]
             for request in requests:
                 model.compare(request, names)
+                if known:  # every name known, one twice: judged when all are regular
+                    model.compare(request, [*known, known[which % len(known)]])
         elif op == "hold":
             if which in held:
                 model.apply(*held.pop(which), -1)
@@ -289,7 +302,7 @@ def test_decide_over_many_busy_nodes() -> None:
     found, each resource short, cards blocked, nodes blocked, too few cards."""
     rng = random.Random(11)
     outcomes: collections.Counter[str] = collections.Counter()
-    decided = left = 0
+    decided = left = judged = 0
     for _ in range(40):
         policy = Policy(denylist=rng.random() < 0.5)
         model = Model(policy)
@@ -334,10 +347,14 @@ def test_decide_over_many_busy_nodes() -> None:
             got, scalar = model.compare(request, [*names, "gone"])
             decided += got
             left += scalar
+            model.compare(request, names)
+            judged += model.judged
+            model.judged = 0
             answers, _ = model.free.decide(ask, names)
             for answer in answers:
                 outcomes[answer.reason if isinstance(answer, Rejection) else "fit"] += 1
     assert decided > 10 * left
+    assert judged > 5
     assert outcomes["fit"] > 1000
     assert outcomes["gpu: not enough free gpu.intel.com/memory.max on the node's cards"] > 100
     assert outcomes["gpu: not enough free gpu.intel.com/i915 on the node's cards"] > 100
@@ -349,6 +366,54 @@ def test_decide_over_many_busy_nodes() -> None:
         > 0
     )
     assert any(r.startswith("gpu: container asks for 9 cards, node has") for r in outcomes)
+
+
+def test_wide_nodes_take_the_same_cards() -> None:
+    """Nodes with more usable cards than a key holds beside its layout (33 to 64): the
+    chosen cards are numbered per filter instead, and answer as the search does."""
+    rng = random.Random(5)
+    model = Model(Policy())
+    for index in range(30):
+        count = rng.choice([4, 33, 40, 64])
+        cards = tuple(f"card{n}" for n in range(count))
+        model.set_node(NodeGpu(f"node-{index}", cards, {I915: 2 * count, MEMORY: 16 * count}))
+    names = list(model.nodes)
+    for _ in range(300):
+        name = rng.choice(names)
+        card = rng.choice(model.nodes[name].cards)
+        model.apply(name, Hold({card: {MEMORY: rng.randint(1, 16)}}), +1)
+    fits = 0
+    for gpus in (1, 2, 3, 5, 8, 33):
+        for memory in (1, 6, 12):
+            request = plain_request(gpus, {MEMORY: gpus * memory})
+            assert model.compare(request, names) == (len(names), 0)
+            ask = model.free.ask(request)
+            assert ask is not None
+            answers, _ = model.free.decide(ask, names)
+            fits += sum(not isinstance(answer, Rejection) for answer in answers)
+    assert fits > 100
+    # Judged without an answer per node while no node has too few cards (1 to 3 GPUs).
+    assert model.judged == 9
+
+
+def test_kept_answers_are_for_the_names_asked() -> None:
+    """The last answers of `decide` and of `judge` are given again only for the names
+    they were made for, whichever of the two looked names up last."""
+    model = Model(Policy())
+    model.set_node(NodeGpu("a", ("card0",), {I915: 1, MEMORY: 8}))
+    model.set_node(NodeGpu("b", ("card0",), {I915: 1, MEMORY: 4}))
+    ask = model.free.ask(plain_request(1, {MEMORY: 6}))
+    assert ask is not None
+    fits = (("card0",),)
+    short = Rejection(
+        "gpu: container needs more gpu.intel.com/memory.max per card than a card has", True
+    )
+    for _ in range(2):
+        assert model.free.decide(ask, ["a", "b"]) == ([fits, short], [])
+        assert model.free.judge(ask, ["a"]) == judge(["a"], [fits])
+        assert model.free.decide(ask, ["a"]) == ([fits], [])
+        assert model.free.judge(ask, ["a", "b"]) is None  # b is refused whatever its usage
+        assert model.free.decide(ask, ["b"]) == ([short], [])
 
 
 def test_huge_quantities_compare_exactly() -> None:
@@ -487,6 +552,10 @@ def test_ledger_check_decides_as_the_search(data: st.DataObject) -> None:
                 assert ledger.check(request, names, asker) == expected
                 given_nodes: list[NodeGpu | str] = [ledger.node(n) or n for n in names]
                 assert ledger.check(request, given_nodes, asker) == expected
+                for asked in (names, LEDGER_NODES):
+                    judged = ledger.judge_names(request, list(asked), asker)
+                    answers = [reference(ledger, request, n, asker) for n in asked]
+                    assert judged == judge(list(asked), cast(list[Allocation | Rejection], answers))
         elif op == "reserve":
             ledger.reserve_placement(uid, "ns", uid, request, name)
         elif op in ("commit", "commit_unknown"):
