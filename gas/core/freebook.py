@@ -29,7 +29,6 @@ not thread-safe: the ledger uses it under its lock.
 from __future__ import annotations
 
 import functools
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
@@ -474,16 +473,17 @@ class FreeBook:
         if not self._all_open(ask, rows):
             return None
         open_, fits, _, passed = self._fit(ask, rows)
+        refused = ~passed
         refusals: list[str] = []
-        counts: Counter[str] = Counter()
-        if not passed.all():
+        counts: dict[str, int] = {}
+        if np.count_nonzero(refused):
             reasons = sorted(["blocked", *(res for res, _ in ask.needs)])
-            keys = self._shortage_keys(ask, rows, open_ & ~fits, reasons)[~passed]
+            keys = -1 - self._shortage_keys(ask, rows, open_ & ~fits, reasons)[refused]
             texts = [_NOT_ENOUGH.reason, *(_short_of(reason).reason for reason in reasons)]
-            refusals = np.array(texts, object)[-1 - keys].tolist()
-            tally = np.bincount(-1 - keys, minlength=len(texts)).tolist()
-            counts.update({text: n for text, n in zip(texts, tally, strict=True) if n})
-        judged = judge_refusals(names, passed.tolist(), refusals, counts)
+            refusals = np.array(texts, object)[keys].tolist()
+            tally = np.bincount(keys, minlength=len(texts)).tolist()
+            counts = {text: n for text, n in zip(texts, tally, strict=True) if n}
+        judged = judge_refusals(names, passed.tolist(), refused.tolist(), refusals, counts)
         self._judged = (ask, self._changes, rows, judged)
         return judged.copy()
 
@@ -533,7 +533,8 @@ class FreeBook:
             column = self._columns.get(res)
             if column is None or capacity[column] < max(amount, 1):
                 return False
-        return not (self._blocking.any() and self._blocking.take(rows).any())
+        blocking = self._blocking
+        return not (np.count_nonzero(blocking) and np.count_nonzero(blocking.take(rows)))
 
     def _least_of(self, rows: IntArray) -> tuple[int, list[int]] | None:
         """The fewest usable cards and the least capacity per column of `rows`; None
@@ -637,7 +638,7 @@ class FreeBook:
             cards = numbered.__getitem__
             made = {}
         reasons: list[str] = []
-        if not passed.all():
+        if np.count_nonzero(passed) < count:
             reasons = sorted(["blocked", *(res for res, _ in needs)])
             lacking = open_ & ~fits
             keys = np.where(passed, keys, self._shortage_keys(ask, rows, lacking, reasons))

@@ -26,11 +26,11 @@ class Judgement(NamedTuple):
     passed: list[str]
     failed: dict[str, str]
     unresolvable: dict[str, str]
-    counts: Counter[str]
+    counts: dict[str, int]
 
     def copy(self) -> Judgement:
         return Judgement(
-            list(self.passed), dict(self.failed), dict(self.unresolvable), Counter(self.counts)
+            list(self.passed), dict(self.failed), dict(self.unresolvable), dict(self.counts)
         )
 
 
@@ -55,13 +55,17 @@ def judge(names: Sequence[str], answers: Sequence[Allocation | Rejection]) -> Ju
 
 
 def judge_refusals(
-    names: Sequence[str], passing: list[bool], refusals: list[str], counts: Counter[str]
+    names: Sequence[str],
+    passing: list[bool],
+    refused: list[bool],
+    refusals: list[str],
+    counts: dict[str, int],
 ) -> Judgement:
-    """The judgement of `names` where only `passing` ones pass and every other is refused,
-    not unresolvable, for the reason next in `refusals`; `counts` counts those reasons."""
+    """The judgement of `names` where the `passing` ones pass and each `refused` one is
+    refused, not unresolvable, for the reason next in `refusals`; `counts` counts those
+    reasons."""
     passed = list(compress(names, passing))
-    refused_names = list(compress(names, map(operator.not_, passing)))
-    failed = dict(zip(refused_names, refusals, strict=True))
+    failed = dict(zip(compress(names, refused), refusals, strict=True))
     return Judgement(passed, failed, {}, counts)
 
 

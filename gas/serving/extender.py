@@ -16,7 +16,6 @@ the verbs' Flask routes answer the same way, through the same `_Face`.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -48,8 +47,6 @@ decisions = logging.getLogger("gas.decisions")
 _STATUS_OUTCOMES = {400: "bad_request", 413: "bad_request", 503: "not_synced"}
 _JSON = "application/json"
 _ROUTES = {verb: rule for rule, verb in routes.VERBS.items()}
-# As json.dumps(..., separators=(",", ":")) writes it, without building an encoder per call.
-_decision_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def create_app(
@@ -161,7 +158,7 @@ class _Face:
         line = None
         if outcome.decision is not None and decisions.isEnabledFor(logging.INFO):
             try:
-                line = _decision_json(outcome.decision)
+                line = wire.compact(outcome.decision)
             except RecursionError:
                 raise BadRequest("JSON nested too deeply") from None
         for reason, count in outcome.rejections.items():

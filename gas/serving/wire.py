@@ -387,6 +387,28 @@ def encode(body: Any) -> bytes:
         raise BadRequest("JSON nested too deeply") from None
 
 
+def compact(record: Mapping[str, Any]) -> str:
+    """`record` exactly as `json.dumps(record, separators=(",", ":"))` writes it (ASCII,
+    every other character escaped), for the decision log. orjson writes it when it
+    would write the same: its output is ASCII without DEL (which it leaves bare), and the
+    one field a request fills with any JSON, the pod's `uid`, holds no number that could
+    be written another way (a float); the stdlib writes the rest. Raises RecursionError
+    for a record nested too deeply to be written."""
+    uid = record.get("uid")
+    if uid is None or type(uid) is str:
+        try:
+            line = orjson.dumps(record)
+        except TypeError:  # integers beyond 64 bits, keys not strings, nesting
+            pass
+        else:
+            if line.isascii() and b"\x7f" not in line:
+                return line.decode("ascii")
+    return _COMPACT(record)
+
+
+_COMPACT = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def clean(message: str) -> str:
     """kube-scheduler uses Error strings as format strings, so `%` must not appear."""
     message = message.replace("%", " percent")

@@ -290,3 +290,43 @@ def test_a_reply_too_deep_to_write_is_a_bad_request() -> None:
         deep = [deep]
     with pytest.raises(BadRequest, match="nested too deeply"):
         wire.encode({"Nodes": {"items": [{"x": deep}]}})
+
+
+# ------------------------------------------------------------------ the decision log
+
+texts = st.text(max_size=12) | st.sampled_from(
+    ["", "é", "名前", "\x00", "\x1f", "\x7f", "\u2028", "😀", "a\\b", '"', "/", "\t\n"]
+)
+
+
+@EXAMPLES
+@given(
+    uid=documents,
+    names=st.lists(texts, max_size=4),
+    reasons=st.dictionaries(texts, st.integers(), max_size=3),
+    number=st.integers() | st.sampled_from([2**64, -(2**63) - 1, 10**30]),
+)
+def test_decision_lines_are_written_as_the_stdlib_wrote_them(
+    uid: Any, names: list[str], reasons: dict[str, int], number: int
+) -> None:
+    """Whatever a request put in the pod's uid, names and reasons: the same line as
+    `json.dumps` with compact separators (orjson or not)."""
+    for record in (
+        {"decision": "filter", "pod": "/".join(names), "uid": uid, "nodes": number},
+        {"decision": "filter", "uid": uid, "reasons": reasons, "passed_nodes": names},
+        {"decision": "bind", "pod": "ns/p", "uid": "u", "cards": "card0", "scores": reasons},
+    ):
+        assert wire.compact(record) == json.dumps(record, separators=(",", ":"))
+
+
+def test_a_decision_too_deep_to_write_raises_recursion_error() -> None:
+    deep: Any = "u"
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(RecursionError):
+        wire.compact({"decision": "filter", "uid": deep})
+    shallow: Any = "u"
+    for _ in range(300):  # beyond orjson, within the stdlib
+        shallow = {"x": shallow}
+    record = {"decision": "filter", "pod": "a/b", "uid": "u", "extra": shallow}
+    assert wire.compact(record) == json.dumps(record, separators=(",", ":"))
