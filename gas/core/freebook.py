@@ -92,13 +92,13 @@ _SPREAD_BYTES = np.uint64(0x0102040810204080)
 
 
 def pack(cards: BoolArray) -> MaskArray:
-    """Each row of `cards` (a whole number of 8 columns, at most 64) as a mask, bit i set
-    when column i is: eight columns at a time, each eight-byte word of 0s and 1s folded
-    into one byte by a multiplication."""
+    """Each row of `cards` (along its last axis, a whole number of 8 columns, at most 64)
+    as a mask, bit i set when column i is: eight columns at a time, each eight-byte word
+    of 0s and 1s folded into one byte by a multiplication."""
     words = np.ascontiguousarray(cards).view("<u8")
-    mask = (words[:, 0] * _SPREAD_BYTES) >> np.uint64(56)
-    for word in range(1, words.shape[1]):
-        mask |= ((words[:, word] * _SPREAD_BYTES) >> np.uint64(56)) << np.uint64(8 * word)
+    mask = (words[..., 0] * _SPREAD_BYTES) >> np.uint64(56)
+    for word in range(1, words.shape[-1]):
+        mask |= ((words[..., word] * _SPREAD_BYTES) >> np.uint64(56)) << np.uint64(8 * word)
     return mask
 
 
@@ -477,12 +477,11 @@ class FreeBook:
         refusals: list[str] = []
         counts: dict[str, int] = {}
         if np.count_nonzero(refused):
-            reasons = sorted(["blocked", *(res for res, _ in ask.needs)])
-            keys = -1 - self._shortage_keys(ask, rows, open_ & ~fits, reasons)[refused]
-            texts = [_NOT_ENOUGH.reason, *(_short_of(reason).reason for reason in reasons)]
-            refusals = np.array(texts, object)[keys].tolist()
-            tally = np.bincount(keys, minlength=len(texts)).tolist()
-            counts = {text: n for text, n in zip(texts, tally, strict=True) if n}
+            reasons, texts = _texts(tuple(res for res, _ in ask.needs))
+            index = self._shortages(ask, rows, open_ & ~fits, reasons)[refused]
+            refusals = texts[index].tolist()
+            tally = np.bincount(index, minlength=len(texts)).tolist()
+            counts = {text: n for text, n in zip(texts.tolist(), tally, strict=True) if n}
         judged = judge_refusals(names, passed.tolist(), refused.tolist(), refusals, counts)
         self._judged = (ask, self._changes, rows, judged)
         return judged.copy()
@@ -604,12 +603,12 @@ class FreeBook:
             for index, (res, amount) in enumerate(needs):
                 free = self._free[self._columns[res]].take(rows, axis=0)
                 np.greater_equal(free, amount, out=room[index])
-            fits = pack(room.reshape(len(needs) * count, slots)).reshape(len(needs), count)
+            fits = pack(room)
             fit = np.bitwise_and.reduce(fits) & open_
         else:
             fits = np.zeros((0, count), np.uint64)
             fit = open_
-        return open_, fits, fit, np.bitwise_count(fit) >= ask.gpus
+        return open_, fits, fit, (fit != 0) if ask.gpus == 1 else np.bitwise_count(fit) >= ask.gpus
 
     def _dynamic(self, ask: Ask, rows: IntArray) -> list[Answer]:
         """The answer of first fit on each of `rows` (the static checks passed). Every
@@ -659,17 +658,23 @@ class FreeBook:
     def _shortage_keys(
         self, ask: Ask, rows: IntArray, lacking: MaskArray, reasons: list[str]
     ) -> IntArray:
+        """`_shortages` as keys: -2 - the index in `reasons`, -1 for none."""
+        return -1 - self._shortages(ask, rows, lacking, reasons)
+
+    def _shortages(
+        self, ask: Ask, rows: IntArray, lacking: MaskArray, reasons: list[str]
+    ) -> IntArray:
         """As `allocator._shortage`: per row, what keeps the most usable cards out, ties
-        to the first name in sorted order (`reasons`, "blocked" for blocked cards), as
-        -2 - its index there; -1 when nothing does. `lacking` holds, per resource of the
-        ask, the open cards of each row without room for it."""
+        to the first name in sorted order (`reasons`, "blocked" for blocked cards), as 1
+        + its index there; 0 when nothing does. `lacking` holds, per resource of the ask,
+        the open cards of each row without room for it."""
         # Row 0 stays 0: argmax, the first of the most, finds it when no other is more.
         ranked = np.zeros((len(reasons) + 1, len(rows)), np.int64)
         ranked[1 + reasons.index("blocked")] = self._nblocked.take(rows)
         where = [1 + reasons.index(res) for res, _ in ask.needs]
         ranked[where] = np.bitwise_count(lacking)
         best: IntArray = ranked.argmax(axis=0)
-        return -1 - best
+        return best
 
 
 def _lowest(fit: MaskArray, count: int) -> MaskArray:
@@ -715,6 +720,15 @@ def _by_key(keys: IntArray, low: int, answer: Callable[[int], Answer]) -> list[A
 
 _NOT_ENOUGH = Rejection("gpu: not enough free cards for every container of the pod", False)
 _CARDS_HELD = "gpu: cards are held by a pod with an unreadable gas-container-cards annotation"
+
+
+@functools.lru_cache(maxsize=256)
+def _texts(resources: tuple[str, ...]) -> tuple[list[str], npt.NDArray[np.object_]]:
+    """What a shortage may name, for an ask of `resources`, in sorted order; and the
+    reason for each of `_shortages`' answers (none, then each of those)."""
+    reasons = sorted(["blocked", *resources])
+    texts = [_NOT_ENOUGH.reason, *(_short_of(reason).reason for reason in reasons)]
+    return reasons, np.array(texts, object)
 
 
 @functools.lru_cache(maxsize=256)
