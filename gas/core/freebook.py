@@ -21,9 +21,10 @@ numeric order; disabled cards left out) are its slots; each resource any node ha
 of is a column. `free[column, row, slot]` is capacity minus usage clamped to [-1, 2**63 - 1]
 (exact for every need from 0 to 2**63 - 1, and never overflowing), meaningful where the
 node has capacity of the resource (elsewhere the static check refuses first). Sets of a
-node's cards (open, fitting, chosen) are 64-bit masks, bit i for slot i: counting and
-taking the first fitting cards are then a few operations on one number per node. Pure and
-not thread-safe: the ledger uses it under its lock.
+node's cards (open, fitting, chosen) are 64-bit masks, bit i for slot i
+(`gas.core.cardmasks`): counting and taking the first fitting cards are then a few
+operations on one number per node. Pure and not thread-safe: the ledger uses it under its
+lock.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gas.core.allocator import NODE_BLOCKED, Policy, Rejection
+from gas.core.cardmasks import BoolArray, MaskArray, lowest, pack, picked
 from gas.core.judgement import Judgement, judge_refusals
 from gas.core.model import (
     ANNOTATION_ALLOW,
@@ -53,8 +55,6 @@ Answer = Allocation | Rejection
 BookView = tuple[Usage, Mapping[str, int], int]
 """What a node's book holds: usage per card, pods blocking each card, pods blocking it all."""
 IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
-MaskArray = npt.NDArray[np.uint64]
 
 MAX_SLOTS = 64
 """Usable cards a node may have for the arrays to decide it (the chosen cards of a node are
@@ -85,21 +85,6 @@ class _Layout:
 
 def _clamp(value: int) -> int:
     return min(max(value, _FREE_FLOOR), INT64_MAX)
-
-
-_SPREAD_BYTES = np.uint64(0x0102040810204080)
-"""Times a word of eight 0/1 bytes, its top byte holds byte i as bit i."""
-
-
-def pack(cards: BoolArray) -> MaskArray:
-    """Each row of `cards` (along its last axis, a whole number of 8 columns, at most 64)
-    as a mask, bit i set when column i is: eight columns at a time, each eight-byte word
-    of 0s and 1s folded into one byte by a multiplication."""
-    words = np.ascontiguousarray(cards).view("<u8")
-    mask = (words[..., 0] * _SPREAD_BYTES) >> np.uint64(56)
-    for word in range(1, words.shape[-1]):
-        mask |= ((words[..., word] * _SPREAD_BYTES) >> np.uint64(56)) << np.uint64(8 * word)
-    return mask
 
 
 def _slots_for(count: int) -> int:
@@ -613,14 +598,14 @@ class FreeBook:
     def _dynamic(self, ask: Ask, rows: IntArray) -> list[Answer]:
         """The answer of first fit on each of `rows` (the static checks passed). Every
         row gets a key: when enough cards fit, the cards it gets (its layout and chosen
-        slots), else the negative number of its shortage; each distinct key's answer is
-        made once."""
+        slots), else the negative number of its shortage (-1 - `_shortages`); each
+        distinct key's answer is made once."""
         open_, fits, fit, passed = self._fit(ask, rows)
         count = len(rows)
         needs = ask.needs
         slots = self._free.shape[2]
         layouts = self._layout.take(rows)
-        chosen = _lowest(fit, ask.gpus)
+        chosen = lowest(fit, ask.gpus)
         cards: Callable[[int], tuple[int, int]]  # a key's layout and chosen slots
         if slots <= _KEYED_SLOTS:
             keys = (layouts << slots) | chosen.astype(np.int64)
@@ -640,7 +625,7 @@ class FreeBook:
         if np.count_nonzero(passed) < count:
             reasons = sorted(["blocked", *(res for res, _ in needs)])
             lacking = open_ & ~fits
-            keys = np.where(passed, keys, self._shortage_keys(ask, rows, lacking, reasons))
+            keys = np.where(passed, keys, -1 - self._shortages(ask, rows, lacking, reasons))
 
         def answer(key: int) -> Answer:
             if key < 0:
@@ -648,18 +633,12 @@ class FreeBook:
             allocation = made.get(key)
             if allocation is None:
                 number, taken = cards(key)
-                picked = _picked(self._layout_list[number].cards, taken)
-                allocation = tuple(picked if i == ask.index else () for i in range(ask.containers))
+                chose = picked(self._layout_list[number].cards, taken)
+                allocation = tuple(chose if i == ask.index else () for i in range(ask.containers))
                 made[key] = allocation
             return allocation
 
         return _by_key(keys, -2 - len(needs), answer)
-
-    def _shortage_keys(
-        self, ask: Ask, rows: IntArray, lacking: MaskArray, reasons: list[str]
-    ) -> IntArray:
-        """`_shortages` as keys: -2 - the index in `reasons`, -1 for none."""
-        return -1 - self._shortages(ask, rows, lacking, reasons)
 
     def _shortages(
         self, ask: Ask, rows: IntArray, lacking: MaskArray, reasons: list[str]
@@ -677,27 +656,9 @@ class FreeBook:
         return best
 
 
-def _lowest(fit: MaskArray, count: int) -> MaskArray:
-    """The lowest `count` bits set in each mask of `fit` (all of them, when fewer)."""
-    one = np.uint64(1)
-    chosen = fit & (~fit + one)
-    if count > 1:
-        rest = fit ^ chosen
-        for _ in range(count - 1):
-            lowest = rest & (~rest + one)
-            chosen |= lowest
-            rest ^= lowest
-    return chosen
-
-
 def _split_key(slots: int, key: int) -> tuple[int, int]:
     """The layout number and the chosen slots in a key of a row that passes."""
     return key >> slots, key & ((1 << slots) - 1)
-
-
-def _picked(cards: tuple[str, ...], mask: int) -> tuple[str, ...]:
-    """The cards of `cards` whose bit is set in `mask`."""
-    return tuple(card for slot, card in enumerate(cards) if mask >> slot & 1)
 
 
 def _by_key(keys: IntArray, low: int, answer: Callable[[int], Answer]) -> list[Answer]:

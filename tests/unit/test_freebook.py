@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from gas.core.allocator import NODE_BLOCKED, Placement, Policy, Rejection, place
-from gas.core.freebook import MAX_SLOTS, FreeBook, pack
+from gas.core.cardmasks import pack
+from gas.core.freebook import MAX_SLOTS, FreeBook
 from gas.core.holdings import PodObservation, observe_pod
 from gas.core.judgement import judge
 from gas.core.ledger import Ledger
