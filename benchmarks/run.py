@@ -20,7 +20,8 @@ few filters with whole Node objects (`Nodes` mode) and the worker's resident mem
 Then, per cluster size, gas list+watching the test suite's API-server double: bind latency
 with the API write, gas's CPU per bind and the API writes per bind (`benchmarks.apibind`);
 gas's memory once synced with 50,000 pods; the ledger rebuilt from 50,000 pods in a fresh
-process (time and peak memory); allocator calls per second; and `Ledger.check` in-process.
+process (time and peak memory); allocator calls per second; and `Ledger.judge_names` (a
+filter of one pod shape) in-process.
 Prints figures as Markdown tables; never fails on time.
 """
 
@@ -106,7 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rebuild-pods", type=int, help="pods for the rebuild (50000)")
     parser.add_argument("--allocator-calls", type=int, help="allocator calls timed (50000)")
     parser.add_argument("--skip-http", action="store_true", help="in-process figures only")
-    parser.add_argument("--core", action="store_true", help="also time Ledger.check in-process")
+    parser.add_argument(
+        "--core", action="store_true", help="also time Ledger.judge_names in-process"
+    )
     parser.add_argument("--json", help="also write the figures to this JSON file")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
@@ -262,7 +265,7 @@ def _core_figures(args: argparse.Namespace, figures: dict[str, Any]) -> None:
     print(f"Allocator alone: {allocator:,.0f} calls/s (8-card node, 2-GPU container)")
     if args.core:
         print()
-        print("| nodes | occupancy | Ledger.check p50 ms | Ledger.check p99 ms |")
+        print("| nodes | occupancy | Ledger.judge_names p50 ms | Ledger.judge_names p99 ms |")
         print("|---:|---:|---:|---:|")
         figures["core"] = []
         for nodes in args.sizes:
