@@ -39,7 +39,7 @@ import numpy.typing as npt
 
 from gas.core.allocator import NODE_BLOCKED, Policy, Rejection
 from gas.core.cardmasks import BoolArray, MaskArray, lowest, pack, picked
-from gas.core.judgement import Judgement, judge_refusals
+from gas.core.judgement import Judgement, judge_verdicts, shortages
 from gas.core.model import (
     ANNOTATION_ALLOW,
     ANNOTATION_DENY,
@@ -449,27 +449,43 @@ class FreeBook:
 
     def judge(self, ask: Ask, names: Sequence[str]) -> Judgement | None:
         """What a filter answers of `decide`'s answers (`judgement.judge`), found without
-        an answer per name, when the usage decides every one of `names`; None otherwise.
-        Refusals then come from the usage alone: none is unresolvable."""
+        an answer per name, when every one of `names` is known and regular and none is
+        left to `place`; None otherwise."""
         rows = self._lookup(names)
         memo = self._judged
         if memo is not None and memo[2] is rows and memo[1] == self._changes and memo[0] == ask:
             return memo[3].copy()
-        if not self._all_open(ask, rows):
-            return None
-        open_, fits, _, passed = self._fit(ask, rows)
-        refused = ~passed
-        refusals: list[str] = []
-        counts: dict[str, int] = {}
-        if np.count_nonzero(refused):
-            reasons, texts = _texts(tuple(res for res, _ in ask.needs))
-            index = self._shortages(ask, rows, open_ & ~fits, reasons)[refused]
-            refusals = texts[index].tolist()
-            tally = np.bincount(index, minlength=len(texts)).tolist()
-            counts = {text: n for text, n in zip(texts.tolist(), tally, strict=True) if n}
-        judged = judge_refusals(names, passed.tolist(), refused.tolist(), refusals, counts)
+        short = shortages(tuple(res for res, _ in ask.needs))
+        if self._all_open(ask, rows):
+            # The usual case: the usage decides every row, and refuses none unresolvably.
+            verdicts = self._verdicts(ask, rows, short.names, 0)
+            judged = judge_verdicts(names, verdicts, short.rejections, short.texts)
+        else:
+            least = self._least
+            if least is None or least[2] is None:
+                return None  # a name unknown, or a node not regular
+            table: list[Rejection] = []
+            verdicts = self._static(ask, rows, table)  # _OPEN is -1, as a row that passes
+            if np.count_nonzero(verdicts == _LEFT):
+                return None
+            opened = (verdicts == _OPEN).nonzero()[0]
+            if len(opened):
+                verdicts[opened] = self._verdicts(ask, rows[opened], short.names, len(table))
+            judged = judge_verdicts(names, verdicts, [*table, *short.rejections])
         self._judged = (ask, self._changes, rows, judged)
         return judged.copy()
+
+    def _verdicts(self, ask: Ask, rows: IntArray, reasons: list[str], base: int) -> IntArray:
+        """First fit on `rows` (the static checks passed): -1 for a row that passes, else
+        `base` + its `_shortages` index."""
+        open_, fits, _, passed = self._fit(ask, rows)
+        if np.count_nonzero(passed) == len(rows):
+            return np.full(len(rows), -1, np.int64)
+        verdicts = self._shortages(ask, rows, open_ & ~fits, reasons)
+        if base:
+            verdicts += base
+        verdicts[passed] = -1
+        return verdicts
 
     def _decide_each(self, ask: Ask, rows: IntArray) -> tuple[list[Answer | None], list[int]]:
         """`decide` where some rows are unknown, not regular, or refused whatever the
@@ -478,7 +494,7 @@ class FreeBook:
         decided = np.zeros(len(rows), np.bool_)
         decided[known] = self._regular[rows[known]]
         where = decided.nonzero()[0]
-        table: list[Answer] = []
+        table: list[Rejection] = []
         code = self._static(ask, rows[where], table)
         left = code == _LEFT
         decided[where[left]] = False
@@ -528,7 +544,7 @@ class FreeBook:
         capacity: list[int] = self._cap.take(rows, axis=1).min(axis=1).tolist()
         return int(self._nslots.take(rows).min()), capacity
 
-    def _static(self, ask: Ask, rows: IntArray, table: list[Answer]) -> IntArray:
+    def _static(self, ask: Ask, rows: IntArray, table: list[Rejection]) -> IntArray:
         """Reasons that hold whatever the usage, as `place` checks them in order: too few
         cards, a resource without capacity or with too little per card, a blocked node,
         too few usable cards (left to `place`: its reason names why they are unusable).
@@ -622,14 +638,15 @@ class FreeBook:
             cards = numbered.__getitem__
             made = {}
         reasons: list[str] = []
+        rejections: list[Rejection] = []
         if np.count_nonzero(passed) < count:
-            reasons = sorted(["blocked", *(res for res, _ in needs)])
+            reasons, rejections, _ = shortages(tuple(res for res, _ in needs))
             lacking = open_ & ~fits
             keys = np.where(passed, keys, -1 - self._shortages(ask, rows, lacking, reasons))
 
         def answer(key: int) -> Answer:
             if key < 0:
-                return _NOT_ENOUGH if key == -1 else _short_of(reasons[-2 - key])
+                return rejections[-1 - key]
             allocation = made.get(key)
             if allocation is None:
                 number, taken = cards(key)
@@ -677,27 +694,6 @@ def _by_key(keys: IntArray, low: int, answer: Callable[[int], Answer]) -> list[A
     made = np.fromiter(map(answer, distinct.tolist()), object, len(distinct))
     found = made[inverse.reshape(-1)].tolist()
     return found
-
-
-_NOT_ENOUGH = Rejection("gpu: not enough free cards for every container of the pod", False)
-_CARDS_HELD = "gpu: cards are held by a pod with an unreadable gas-container-cards annotation"
-
-
-@functools.lru_cache(maxsize=256)
-def _texts(resources: tuple[str, ...]) -> tuple[list[str], npt.NDArray[np.object_]]:
-    """What a shortage may name, for an ask of `resources`, in sorted order; and the
-    reason for each of `_shortages`' answers (none, then each of those)."""
-    reasons = sorted(["blocked", *resources])
-    texts = [_NOT_ENOUGH.reason, *(_short_of(reason).reason for reason in reasons)]
-    return reasons, np.array(texts, object)
-
-
-@functools.lru_cache(maxsize=256)
-def _short_of(key: str) -> Rejection:
-    """The reason naming what keeps cards out: a resource, or "blocked" cards."""
-    if key == "blocked":
-        return Rejection(_CARDS_HELD, False)
-    return Rejection(f"gpu: not enough free {key} on the node's cards", False)
 
 
 _KEYED_SLOTS = 32

@@ -7,12 +7,16 @@ same without making an answer per node, for the pods and nodes its arrays decide
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections import Counter
 from collections.abc import Sequence
 from itertools import compress, repeat
 from operator import attrgetter
 from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
 
 from gas.core.allocator import Rejection
 from gas.core.model import Allocation
@@ -54,20 +58,59 @@ def judge(names: Sequence[str], answers: Sequence[Allocation | Rejection]) -> Ju
     return Judgement(passed, failed, unresolvable, Counter(reasons))
 
 
-def judge_refusals(
+def judge_verdicts(
     names: Sequence[str],
-    passing: list[bool],
-    refused: list[bool],
-    refusals: list[str],
-    counts: dict[str, int],
+    verdicts: npt.NDArray[np.int64],
+    rejections: Sequence[Rejection],
+    texts: npt.NDArray[np.object_] | None = None,
 ) -> Judgement:
-    """The judgement of `names` where the `passing` ones pass and each `refused` one is
-    refused, not unresolvable, for the reason next in `refusals`; `counts` counts those
-    reasons."""
-    passed = list(compress(names, passing))
-    failed = dict(zip(compress(names, refused), refusals, strict=True))
-    return Judgement(passed, failed, {}, counts)
+    """The judgement of `names` from a verdict for each: -1 when it passes, else the index
+    of its rejection in `rejections` (whose reasons `texts` holds, when given)."""
+    refused = verdicts >= 0
+    which = verdicts[refused]
+    passed = list(compress(names, (~refused).tolist()))
+    if texts is None:
+        texts = np.array([r.reason for r in rejections], object)
+    reasons = texts[which].tolist()
+    counts: dict[str, int] = {}
+    tally = np.bincount(which, minlength=len(rejections)).tolist()
+    for rejection, count in zip(rejections, tally, strict=True):
+        if count:
+            counts[rejection.reason] = counts.get(rejection.reason, 0) + count
+    refused_names = list(compress(names, refused.tolist()))
+    if not any(r.unresolvable for r in rejections):
+        return Judgement(passed, dict(zip(refused_names, reasons, strict=True)), {}, counts)
+    lasting = np.array([r.unresolvable for r in rejections], np.bool_)[which].tolist()
+    pairs = zip(refused_names, reasons, strict=True)
+    failed = dict(compress(pairs, map(operator.not_, lasting)))
+    unresolvable = dict(compress(zip(refused_names, reasons, strict=True), lasting))
+    return Judgement(passed, failed, unresolvable, counts)
 
 
+class Shortages(NamedTuple):
+    """What can keep the cards a pod asks for out, in sorted order (each resource it asks
+    for, "blocked" for blocked cards); the rejection naming each, after the one for none
+    in particular, as `allocator._shortage` words them; and their reasons."""
+
+    names: list[str]
+    rejections: list[Rejection]
+    texts: npt.NDArray[np.object_]
+
+
+@functools.lru_cache(maxsize=256)
+def shortages(resources: tuple[str, ...]) -> Shortages:
+    """The `Shortages` of a pod asking for `resources`."""
+    names = sorted(["blocked", *resources])
+    named = [
+        Rejection(_CARDS_HELD if name == "blocked" else _NOT_ENOUGH_OF.format(name), False)
+        for name in names
+    ]
+    rejections = [_NOT_ENOUGH, *named]
+    return Shortages(names, rejections, np.array([r.reason for r in rejections], object))
+
+
+_NOT_ENOUGH = Rejection("gpu: not enough free cards for every container of the pod", False)
+_NOT_ENOUGH_OF = "gpu: not enough free {} on the node's cards"
+_CARDS_HELD = "gpu: cards are held by a pod with an unreadable gas-container-cards annotation"
 _REASON = attrgetter("reason")
 _UNRESOLVABLE = attrgetter("unresolvable")

@@ -355,7 +355,7 @@ def test_decide_over_many_busy_nodes() -> None:
             for answer in answers:
                 outcomes[answer.reason if isinstance(answer, Rejection) else "fit"] += 1
     assert decided > 10 * left
-    assert judged > 5
+    assert judged > 100
     assert outcomes["fit"] > 1000
     assert outcomes["gpu: not enough free gpu.intel.com/memory.max on the node's cards"] > 100
     assert outcomes["gpu: not enough free gpu.intel.com/i915 on the node's cards"] > 100
@@ -393,8 +393,8 @@ def test_wide_nodes_take_the_same_cards() -> None:
             answers, _ = model.free.decide(ask, names)
             fits += sum(not isinstance(answer, Rejection) for answer in answers)
     assert fits > 100
-    # Judged without an answer per node while no node has too few cards (1 to 3 GPUs).
-    assert model.judged == 9
+    # Judged without an answer per node, nodes with too few cards (unresolvable) as well.
+    assert model.judged == 18
 
 
 def test_kept_answers_are_for_the_names_asked() -> None:
@@ -413,7 +413,8 @@ def test_kept_answers_are_for_the_names_asked() -> None:
         assert model.free.decide(ask, ["a", "b"]) == ([fits, short], [])
         assert model.free.judge(ask, ["a"]) == judge(["a"], [fits])
         assert model.free.decide(ask, ["a"]) == ([fits], [])
-        assert model.free.judge(ask, ["a", "b"]) is None  # b is refused whatever its usage
+        assert model.free.judge(ask, ["a", "b"]) == judge(["a", "b"], [fits, short])
+        assert model.free.judge(ask, ["a", "gone"]) is None  # a name the arrays do not know
         assert model.free.decide(ask, ["b"]) == ([short], [])
 
 
