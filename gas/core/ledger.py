@@ -19,7 +19,8 @@ or when the cluster shows the pod not bound by gas at a time its Binding can no 
 One lock guards everything; nothing under it does I/O or parsing: pods are read into
 holdings off it (`gas.core.holdings`). The books are kept a second time as arrays of free
 capacity per card (`gas.core.freebook`), from which `check` decides the usual pod (one
-container, plain first fit) for every named node at once. Other pods, and the few nodes
+container, plain first fit) for every named node at once, and `judge_names` gives a filter
+its reply (`gas.core.judgement`) without an answer per node. Other pods, and the few nodes
 the arrays leave, are fitted node by node, their answers kept per pod shape until their
 node's book changes (`gas.core.answers`).
 """
