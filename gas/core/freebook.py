@@ -637,7 +637,6 @@ class FreeBook:
             keys = np.fromiter(map(number.__getitem__, pairs), np.int64, count)
             cards = numbered.__getitem__
             made = {}
-        reasons: list[str] = []
         rejections: list[Rejection] = []
         if np.count_nonzero(passed) < count:
             reasons, rejections, _ = shortages(tuple(res for res, _ in needs))
