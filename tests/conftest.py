@@ -78,6 +78,18 @@ def kubeconfig(apiserver: ApiServerDouble, tmp_path: Path) -> str:
 
 
 @pytest.fixture
+def core_v1(kubeconfig: str) -> Iterator[Any]:
+    """The generated client's CoreV1Api on the API-server double, to compare it with."""
+    from kubernetes import client, config
+
+    api_client = config.new_client_from_config(config_file=kubeconfig)
+    try:
+        yield client.CoreV1Api(api_client)
+    finally:
+        api_client.close()
+
+
+@pytest.fixture
 def gas(start_gas: Callable[..., GasProcess], kubeconfig: str, tls_files: TLSFiles) -> GasProcess:
     """gas over HTTPS with mutual TLS, against the API-server double, synced."""
     process = start_gas(["--kubeConfig", kubeconfig], tls=tls_files)

@@ -6,11 +6,10 @@ from __future__ import annotations
 import base64
 import json
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tests.support.apiserver import ApiServerDouble
@@ -22,19 +21,13 @@ EXPIRED = "The provided continue parameter is too old to display a consistent li
 
 
 @pytest.fixture
-def double(tmp_path) -> Iterator[ApiServerDouble]:
-    with ApiServerDouble() as server:
-        server.kubeconfig_path = server.write_kubeconfig(tmp_path / "kubeconfig")
-        yield server
+def double(apiserver: ApiServerDouble) -> ApiServerDouble:
+    return apiserver
 
 
 @pytest.fixture
-def api(double: ApiServerDouble) -> Iterator[client.CoreV1Api]:
-    api_client = config.new_client_from_config(config_file=double.kubeconfig_path)
-    try:
-        yield client.CoreV1Api(api_client)
-    finally:
-        api_client.close()
+def api(core_v1: client.CoreV1Api) -> client.CoreV1Api:
+    return core_v1
 
 
 def pod(name: str, namespace: str = "default", **labels: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from gas.cluster.kube import LIST_PAGE_SIZE, KubeCluster, load_api_client
 from gas.core.ledger import Ledger
 from gas.core.model import ANNOTATION_CARDS, ANNOTATION_TILES, LABEL_DESCHEDULE_POD
 from tests.support.apiserver import ApiServerDouble
+from tests.support.apiserver.faults import FaultRule
 from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.ledger_checks import assert_consistent, ledger_of
 from tests.support.objects import bound_pod, container, gpu_node, gpu_pod
@@ -159,13 +160,22 @@ def test_a_paged_list_syncs_gas_as_one_request_does(
     assert paged.counter("gas_ledger_rebuilds_total") == 1
 
 
-def test_pods_changed_between_pages_are_listed_as_of_the_first_page_then_watched(
+def start_held_at_the_second_page(
     apiserver: ApiServerDouble, start: StartSynced
-) -> None:
+) -> tuple[Synced, FaultRule]:
+    """gas listing the populated double in pages of 3, its request for the second page held
+    by the double until the test releases it."""
     populate(apiserver)
     held = apiserver.faults.add("GET", f"^{PODS}$", ("hold", None), query_regex="continue=")
     paged = start(3)
     wait_for(lambda: held.hits == 1, what="the second page to be asked for")
+    return paged, held
+
+
+def test_pods_changed_between_pages_are_listed_as_of_the_first_page_then_watched(
+    apiserver: ApiServerDouble, start: StartSynced
+) -> None:
+    paged, held = start_held_at_the_second_page(apiserver, start)
     snapshot = apiserver.resource_version
     # Half listed: nothing of it is applied.
     assert not paged.cluster.synced()
@@ -242,10 +252,7 @@ def test_a_list_expired_twice_is_read_in_one_request(
 def test_a_list_whose_snapshot_is_compacted_mid_way_starts_over_from_the_new_state(
     apiserver: ApiServerDouble, start: StartSynced
 ) -> None:
-    populate(apiserver)
-    held = apiserver.faults.add("GET", f"^{PODS}$", ("hold", None), query_regex="continue=")
-    paged = start(3)
-    wait_for(lambda: held.hits == 1, what="the second page to be asked for")
+    paged, held = start_held_at_the_second_page(apiserver, start)
     apiserver.add_pod(bound_pod("during", "n4", "card1", container(i915="1")))
     apiserver.compact()  # the double answers the held page 410 Expired, as etcd would
     held.release()

@@ -249,6 +249,20 @@ def test_commit_then_watch_keeps_exactly_one_entry() -> None:
     assert holding.allocation == (("card0",),)
 
 
+def count_fits(ledger: Ledger) -> list[str]:
+    """The names of the nodes the ledger fits a pod on afresh from now on (not from its
+    kept answers or arrays), in order."""
+    fitted: list[str] = []
+    original = ledger._place
+
+    def counting_place(node: NodeGpu, *rest: Any) -> Any:
+        fitted.append(node.name)
+        return original(node, *rest)
+
+    ledger._place = counting_place  # type: ignore[method-assign,assignment]
+    return fitted
+
+
 def test_a_bind_confirmed_by_the_watch_keeps_the_nodes_kept_answers() -> None:
     # The watch event a bind causes changes nothing gas counts: the answers kept for the
     # node stay, so the next filter of the same shape does not fit the node again. (Two
@@ -259,14 +273,7 @@ def test_a_bind_confirmed_by_the_watch_keeps_the_nodes_kept_answers() -> None:
     assert reserve_pod(ledger, pod, "n1") == (("card0",), ("card0",))
     ledger.commit("uid-a")
     assert ledger.check(request, ["n1"]) == {"n1": (("card0",), ("card0",))}
-    fitted: list[str] = []
-    original = ledger._place
-
-    def counting_place(node: NodeGpu, *rest: Any) -> Any:
-        fitted.append(node.name)
-        return original(node, *rest)
-
-    ledger._place = counting_place  # type: ignore[method-assign,assignment]
+    fitted = count_fits(ledger)
     ledger.observe(obs(bound_copy(pod, "n1", "card0|card0")))
     assert states(ledger) == {"uid-a": State.BOUND}
     assert ledger.check(request, ["n1"]) == {"n1": (("card0",), ("card0",))}
@@ -290,14 +297,7 @@ def test_a_bind_confirmed_with_the_pods_priority_keeps_the_nodes_kept_answers() 
     ledger.commit("uid-a")
     assert ledger.holdings()["uid-a"][0].priority == 0
     assert ledger.check(request, ["n1"]) == {"n1": (("card0",), ("card0",))}
-    fitted: list[str] = []
-    original = ledger._place
-
-    def counting_place(node: NodeGpu, *rest: Any) -> Any:
-        fitted.append(node.name)
-        return original(node, *rest)
-
-    ledger._place = counting_place  # type: ignore[method-assign,assignment]
+    fitted = count_fits(ledger)
     bound = bound_copy(pod, "n1", "card0|card0")
     bound["spec"]["priority"] = 1000
     ledger.observe(obs(bound))
