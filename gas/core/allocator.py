@@ -355,25 +355,29 @@ def _with_tile_usage(node: NodeGpu, usage: Usage, tiles_used: TileUsage) -> Usag
     return adjusted
 
 
+# Reasons, word for word the same wherever they are found (the arrays of
+# gas/core/freebook.py and gas/core/judgement.py give these too).
+TOO_FEW_CARDS = "gpu: container asks for {} cards, node has {}"
+NO_RESOURCE = "gpu: node has no {} per card"
+CARD_TOO_SMALL = "gpu: container needs more {} per card than a card has"
+NOT_ENOUGH_CARDS = "gpu: not enough free cards for every container of the pod"
+NOT_ENOUGH_OF = "gpu: not enough free {} on the node's cards"
+CARDS_HELD = "gpu: cards are held by a pod with an unreadable gas-container-cards annotation"
+
+
 def _static_check(node: NodeGpu, request: PodRequest) -> Rejection | None:
     """Reasons that hold whatever the usage: missing resources, too few cards."""
     for need in request.containers:
         if need.gpus == 0:
             continue
         if need.gpus > len(node.cards):
-            return Rejection(
-                f"gpu: container asks for {need.gpus} cards, node has {len(node.cards)}",
-                unresolvable=True,
-            )
+            return Rejection(TOO_FEW_CARDS.format(need.gpus, len(node.cards)), unresolvable=True)
         for res, amount in need.per_card().items():
             capacity = node.capacity.get(res, 0)
             if capacity <= 0:
-                return Rejection(f"gpu: node has no {res} per card", unresolvable=True)
+                return Rejection(NO_RESOURCE.format(res), unresolvable=True)
             if amount > capacity:
-                return Rejection(
-                    f"gpu: container needs more {res} per card than a card has",
-                    unresolvable=True,
-                )
+                return Rejection(CARD_TOO_SMALL.format(res), unresolvable=True)
     return None
 
 
@@ -645,8 +649,8 @@ def _worst_shortage(counts: Mapping[str, int], request: PodRequest) -> str:
     if not counts:
         if request.xelink:
             return "gpu: not enough free Xe-linked card pairs"
-        return "gpu: not enough free cards for every container of the pod"
+        return NOT_ENOUGH_CARDS
     worst = max(sorted(counts), key=lambda res: counts[res])
     if worst == "blocked":
-        return "gpu: cards are held by a pod with an unreadable gas-container-cards annotation"
-    return f"gpu: not enough free {worst} on the node's cards"
+        return CARDS_HELD
+    return NOT_ENOUGH_OF.format(worst)

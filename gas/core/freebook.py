@@ -37,7 +37,15 @@ from itertools import repeat
 import numpy as np
 import numpy.typing as npt
 
-from gas.core.allocator import NODE_BLOCKED, Policy, Rejection
+from gas.core.allocator import (
+    CARD_TOO_SMALL,
+    NO_RESOURCE,
+    NODE_BLOCKED,
+    TOO_FEW_CARDS,
+    Policy,
+    Rejection,
+)
+from gas.core.answers import Answer
 from gas.core.cardmasks import BoolArray, MaskArray, lowest, pack, picked
 from gas.core.judgement import Judgement, judge_verdicts, shortages
 from gas.core.model import (
@@ -51,7 +59,6 @@ from gas.core.model import (
     Usage,
 )
 
-Answer = Allocation | Rejection
 BookView = tuple[Usage, Mapping[str, int], int]
 """What a node's book holds: usage per card, pods blocking each card, pods blocking it all."""
 IntArray = npt.NDArray[np.int64]
@@ -570,19 +577,17 @@ class FreeBook:
         if short.any():
             for value in np.unique(ncards[short]).tolist():
                 code[short & (ncards == value)] = len(table)
-                reason = f"gpu: container asks for {gpus} cards, node has {value}"
-                table.append(Rejection(reason, True))
+                table.append(Rejection(TOO_FEW_CARDS.format(gpus, value), True))
         for res, amount, capacity in capacities:
             open_ = code == _OPEN
             missing = open_ & (capacity <= 0)
             if missing.any():
                 code[missing] = len(table)
-                table.append(Rejection(f"gpu: node has no {res} per card", True))
+                table.append(Rejection(NO_RESOURCE.format(res), True))
             small = open_ & ~missing & (capacity < amount)
             if small.any():
                 code[small] = len(table)
-                reason = f"gpu: container needs more {res} per card than a card has"
-                table.append(Rejection(reason, True))
+                table.append(Rejection(CARD_TOO_SMALL.format(res), True))
         blocking &= code == _OPEN
         if blocking.any():
             code[blocking] = len(table)

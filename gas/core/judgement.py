@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from gas.core.allocator import Rejection
+from gas.core.allocator import CARDS_HELD, NOT_ENOUGH_CARDS, NOT_ENOUGH_OF, Rejection
 from gas.core.model import Allocation
 
 
@@ -102,15 +102,13 @@ def shortages(resources: tuple[str, ...]) -> Shortages:
     """The `Shortages` of a pod asking for `resources`."""
     names = sorted(["blocked", *resources])
     named = [
-        Rejection(_CARDS_HELD if name == "blocked" else _NOT_ENOUGH_OF.format(name), False)
+        Rejection(CARDS_HELD if name == "blocked" else NOT_ENOUGH_OF.format(name), False)
         for name in names
     ]
     rejections = [_NOT_ENOUGH, *named]
     return Shortages(names, rejections, np.array([r.reason for r in rejections], object))
 
 
-_NOT_ENOUGH = Rejection("gpu: not enough free cards for every container of the pod", False)
-_NOT_ENOUGH_OF = "gpu: not enough free {} on the node's cards"
-_CARDS_HELD = "gpu: cards are held by a pod with an unreadable gas-container-cards annotation"
+_NOT_ENOUGH = Rejection(NOT_ENOUGH_CARDS, False)
 _REASON = attrgetter("reason")
 _UNRESOLVABLE = attrgetter("unresolvable")
