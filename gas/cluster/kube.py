@@ -122,7 +122,6 @@ class _Reflector(threading.Thread):
         self._page_size = page_size
         self.healthy = False
         self.lists = 0
-        self.list_restarts = 0
         self.watch_restarts = 0
         self._response: Any = None
         self._version: str | None = None
@@ -177,7 +176,6 @@ class _Reflector(threading.Thread):
                     # the list is only to be had from a later state, and no resourceVersion
                     # would then tell the watch where the list stands: start over.
                     expired += 1
-                    self.list_restarts += 1
                     self._metrics.list_restarts.labels(self.kind).inc()
                     log.warning(
                         "%s list expired with %d of its pages read (%s); listing again from "

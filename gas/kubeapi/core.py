@@ -26,6 +26,7 @@ Timeout = float | tuple[float, float] | None
 
 NODE_PATH = "/api/v1/nodes/{name}"
 POD_PATH = "/api/v1/namespaces/{namespace}/pods/{name}"
+EVENTS_PATH = "/api/v1/namespaces/{namespace}/events"
 LEASES_PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
 
@@ -139,7 +140,7 @@ class RawCoreV1Api(_Calls):
     ) -> BaseHTTPResponse:
         return self._call(
             "POST",
-            "/api/v1/namespaces/{namespace}/events",
+            EVENTS_PATH,
             {"namespace": namespace},
             body=body,
             content_type=JSON,

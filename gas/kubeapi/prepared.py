@@ -24,6 +24,8 @@ from urllib.parse import quote, urlencode
 import urllib3
 from kubernetes import client
 
+from gas.kubeapi.core import EVENTS_PATH, POD_PATH
+
 CREDENTIALS_SECONDS = 1.0
 """How long credentials read from the configuration are used before being read again.
 
@@ -47,9 +49,7 @@ class Reply(NamedTuple):
         return 200 <= self.status < 300
 
 
-POD_PATH = "/api/v1/namespaces/{namespace}/pods/{name}"
 BINDING_PATH = POD_PATH + "/binding"
-EVENTS_PATH = "/api/v1/namespaces/{namespace}/events"
 
 
 class _Credentials(NamedTuple):
@@ -122,11 +122,11 @@ class PreparedApi:
         """Send `body` (JSON) to `path`; the reply whatever its status. Transport failures
         (connection refused, TLS, timeouts) raise urllib3's exceptions."""
         credentials = self._credentials
-        fresh = credentials is None or self._clock() - credentials.read_at >= CREDENTIALS_SECONDS
-        if credentials is None or fresh:
+        reread = credentials is None or self._clock() - credentials.read_at >= CREDENTIALS_SECONDS
+        if credentials is None or reread:
             credentials = self._read_credentials()
         reply = self._send(method, path, body, timeout, credentials)
-        if reply.status == 401 and not fresh:
+        if reply.status == 401 and not reread:
             # Refused unread (401 comes before anything is applied): the token may have
             # been replaced since it was read.
             reply = self._send(method, path, body, timeout, self._read_credentials())

@@ -40,7 +40,8 @@ SYNC_WAIT_SECONDS = 10.0
 SETTLE_DELAYS = (0.1, 0.2, 0.4, 0.8, 1.5)
 """Waits between fresh reads when candidates are ambiguous: the kubelet writes a refused
 pod's Failed status at once, so the API server settles it within a second or two. The
-kubelet waits for the answer (it admits one pod at a time): in all, at most 3 s."""
+kubelet waits for the answer (it admits one pod at a time): 3 s of waits in all, plus the
+reads between them."""
 
 
 @dataclass(frozen=True)
