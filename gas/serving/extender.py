@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from flask import Flask, Response, g, request
 from prometheus_client import Counter, Histogram
@@ -129,8 +129,8 @@ class _Face:
         }
         # Metric children by label values, made on first use as `labels()` makes them,
         # without its lock on every request.
-        self._latency: dict[str, Histogram] = {}
-        self._requests: dict[tuple[str, str], Counter] = {}
+        self._latency: dict[Any, Histogram] = {}
+        self._requests: dict[Any, Counter] = {}
         self._rejections: dict[str, Counter] = {}
         self._verdicts: dict[str, Counter] = {}
 
@@ -171,15 +171,10 @@ class _Face:
         return status, body, outcome.label
 
     def count_verb(self, verb: str, status: int, outcome: str, started: float) -> None:
-        latency = self._latency.get(verb)
-        if latency is None:
-            latency = self._latency.setdefault(verb, self._metrics.latency.labels(verb))
+        latency = _child(self._latency, self._metrics.latency, verb)
         latency.observe(time.perf_counter() - started)
         key = (verb, outcome or _STATUS_OUTCOMES.get(status, "error"))
-        requests = self._requests.get(key)
-        if requests is None:
-            requests = self._requests.setdefault(key, self._metrics.requests.labels(*key))
-        requests.inc()
+        _child(self._requests, self._metrics.requests, *key).inc()
 
     def view(self, verb: str) -> Callable[[], Response]:
         """The Flask route of `verb`: the same answer as `_SchedulerRoutes` gives."""
@@ -213,12 +208,16 @@ class _Face:
         return _json(self._ledger.snapshot())
 
 
-def _child(children: dict[str, Counter], metric: Counter, label: str) -> Counter:
-    """`metric.labels(label)`, kept in `children`: as `labels()` makes it, without its
+_Metric = TypeVar("_Metric", Counter, Histogram)
+
+
+def _child(children: dict[Any, _Metric], metric: _Metric, *labels: str) -> _Metric:
+    """`metric.labels(*labels)`, kept in `children`: as `labels()` makes it, without its
     lock and checks on every request."""
-    child = children.get(label)
+    key = labels[0] if len(labels) == 1 else labels
+    child = children.get(key)
     if child is None:
-        child = children.setdefault(label, metric.labels(label))
+        child = children.setdefault(key, metric.labels(*labels))
     return child
 
 
