@@ -7,7 +7,9 @@ settings on kept-alive connections.
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
 import ssl
 import threading
 from collections.abc import Iterator
@@ -22,7 +24,7 @@ from kubernetes import client
 from gas.cluster.kube import KubeCluster, load_api_client
 from gas.cluster.protocol import BindRejected, BindUncertain, ClusterError
 from gas.core.ledger import Ledger
-from gas.kubeapi.prepared import CREDENTIALS_SECONDS, PreparedApi
+from gas.kubeapi.prepared import CONNECT_ATTEMPTS, CREDENTIALS_SECONDS, PreparedApi
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import TLSFiles
 
@@ -133,6 +135,9 @@ class Seen:
     client_names: list[str] = field(default_factory=list)
     connections: int = 0
     revoked: set[str] = field(default_factory=set)  # tokens answered 401
+    close_idle: bool = False  # close each connection after its answer, saying nothing
+    drop_second: bool = False  # a connection's second request is read, never answered
+    closed: threading.Event = field(default_factory=threading.Event)
 
 
 class _Recorder(BaseHTTPRequestHandler):
@@ -155,7 +160,17 @@ class _Recorder(BaseHTTPRequestHandler):
     def _headers(self) -> dict[str, str]:
         return {key.lower(): value for key, value in self.headers.items()}
 
+    def finish(self) -> None:
+        super().finish()
+        self.seen.closed.set()
+
     def _answer(self, status: int, body: dict[str, Any]) -> None:
+        self.served = getattr(self, "served", 0) + 1
+        if self.seen.drop_second and self.served == 2:
+            self.close_connection = True
+            return
+        if self.seen.close_idle:
+            self.close_connection = True
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -333,3 +348,95 @@ def test_a_host_with_a_path_keeps_it(recorder: tuple[int, Seen], tls_files: TLSF
         ("POST", "/clusters/c-1/api/v1/namespaces/default/pods/p/binding"),
         ("GET", "/clusters/c-1/api/v1/namespaces/default/pods/p"),
     ]
+
+
+# ------------------------------------------------------------ connections
+
+
+def test_a_connection_the_api_server_closed_while_idle_is_opened_again(
+    recorder: tuple[int, Seen], tls_files: TLSFiles
+) -> None:
+    port, seen = recorder
+    seen.close_idle = True  # as after its idle timeout, without a Connection: close
+    api_client = client.ApiClient(rotating_configuration(port, tls_files))
+    try:
+        api = PreparedApi(api_client)
+        for name in ("a", "b", "c"):
+            seen.closed.clear()
+            assert api.create_namespaced_pod_binding(name, "default", b"{}", (5, 5)).status == 201
+            assert seen.closed.wait(5)
+    finally:
+        api_client.close()
+    # Each POST sent once, each on a connection of its own.
+    assert [p.split("/")[-2] for _, p, _, _ in seen.requests] == ["a", "b", "c"]
+    assert seen.connections == 3
+
+
+def test_a_lost_connection_resends_a_get_but_never_a_post(
+    recorder: tuple[int, Seen], tls_files: TLSFiles
+) -> None:
+    port, seen = recorder
+    seen.drop_second = True
+    api_client = client.ApiClient(rotating_configuration(port, tls_files))
+    try:
+        api = PreparedApi(api_client)
+        assert api.create_namespaced_pod_binding("a", "default", b"{}", (5, 5)).status == 201
+        # Read, then the connection lost before an answer: a read is sent again.
+        assert api.read_namespaced_pod("p", "default", (5, 5)).status == 200
+        assert seen.connections == 2
+        # The same on the new connection for a Binding, which may have been applied: it
+        # is not sent again, and the failure is the caller's to judge.
+        with pytest.raises((OSError, http.client.HTTPException)):
+            api.create_namespaced_pod_binding("b", "default", b"{}", (5, 5))
+    finally:
+        api_client.close()
+    assert [(m, p.rsplit("/", 2)[-2:]) for m, p, _, _ in seen.requests] == [
+        ("POST", ["a", "binding"]),
+        ("GET", ["pods", "p"]),
+        ("GET", ["pods", "p"]),
+        ("POST", ["b", "binding"]),
+    ]
+    assert seen.connections == 2
+
+
+def test_a_failed_connect_is_tried_again_then_reported(tls_files: TLSFiles) -> None:
+    # Accepts and hangs up at once: every TLS handshake fails, nothing is ever sent.
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    api_client = client.ApiClient(rotating_configuration(listener.getsockname()[1], tls_files))
+    try:
+        with pytest.raises(Exception) as raised:
+            PreparedApi(api_client).create_namespaced_pod_binding("a", "default", b"{}", (5, 5))
+    finally:
+        api_client.close()
+        listener.close()
+    assert not isinstance(raised.value, AssertionError)
+    assert len(accepted) == CONNECT_ATTEMPTS
+
+
+def test_a_credential_with_a_line_break_is_refused_before_anything_is_sent(
+    recorder: tuple[int, Seen], tls_files: TLSFiles
+) -> None:
+    port, seen = recorder
+    configuration = rotating_configuration(port, tls_files)
+    cast(Any, configuration).refresh_api_key_hook = lambda config: config.api_key.update(
+        BearerToken="t\r\nX-Injected: 1"
+    )
+    api_client = client.ApiClient(configuration)
+    try:
+        with pytest.raises(ValueError, match="line break"):
+            PreparedApi(api_client).create_namespaced_pod_binding("a", "default", b"{}", (5, 5))
+    finally:
+        api_client.close()
+    assert seen.requests == []
