@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import logging
 import random
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
@@ -30,18 +28,20 @@ from gas.cluster.protocol import BindRejected, BindUncertain, ClusterError
 from gas.core.holdings import PodObservation, observe_pod
 from gas.core.ledger import Ledger
 from gas.core.model import ANNOTATION_CARDS, NodeGpu, node_from_object
-from gas.kubeapi.core import MERGE_PATCH, RawCoreV1Api
+from gas.kubeapi.core import MERGE_PATCH, RawCoreV1Api, status_message
 from gas.kubeapi.events import EventSender, event_body
+from gas.kubeapi.paging import PAGE_SIZE, ListRestart, NotAList, list_pages
 from gas.kubeapi.prepared import PreparedApi
 
 log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 300
 """Server-side watch length; the watch is then resumed from the last resourceVersion."""
-LIST_PAGE_SIZE = 500
-"""Objects per list request (`limit`), as client-go's reflector pages its lists: a page of
-pods is parsed, reduced and freed before the next is read, so a list of 50,000 never lies
-parsed in memory at once (and leaves no heap fragmented by it). 0 lists in one request."""
+LIST_PAGE_SIZE = PAGE_SIZE
+"""Objects per list request (`limit`, 500), as client-go's reflector pages its lists (the
+paging of gas/kubeapi/paging.py, `gas inspect`'s too): a page of pods is parsed, reduced
+and freed before the next is read, so a list of 50,000 never lies parsed in memory at once
+(and leaves no heap fragmented by it). 0 lists in one request."""
 LIST_TIMEOUT = (5, 60)
 """Connect and read timeouts of one page of a list."""
 BIND_TIMEOUT = (3.0, 8.0)
@@ -88,9 +88,9 @@ class _Reflector(threading.Thread):
     """Keeps one kind of object in step with the API server, as client-go's reflector does:
     list (in pages of `page_size`), then watch from the list's resourceVersion; when a
     watch ends or its stream breaks, watch again from the last version seen; relist only on
-    410 Gone. A list whose continue token expired mid-way is started over. Requests that
-    fail back off exponentially (up to 8 s) and mark the cluster not synced until one
-    succeeds again."""
+    410 Gone. A list whose continue token expired mid-way is started over (and counted).
+    Requests that fail back off exponentially (up to 8 s) and mark the cluster not synced
+    until one succeeds again."""
 
     BASE_DELAY = 0.2
     # Kept short: while gas is not synced every GPU pod waits, so once the API server is
@@ -164,73 +164,39 @@ class _Reflector(threading.Thread):
 
     def _list(self) -> str:
         with _heap_settled(self._settle_heap):
-            expired = 0
-            while True:
-                try:
-                    # Expired twice in a row: one request, which no compaction can cut short
-                    # (the memory of a whole list, once, rather than no list at all).
-                    version, count = self._list_pages(whole=expired >= 2)
-                    break
-                except _ContinueExpired as exc:
-                    # The snapshot the pages were read at was compacted away. The rest of
-                    # the list is only to be had from a later state, and no resourceVersion
-                    # would then tell the watch where the list stands: start over.
-                    expired += 1
-                    self._metrics.list_restarts.labels(self.kind).inc()
-                    log.warning(
-                        "%s list expired with %d of its pages read (%s); listing again from "
-                        "the start%s",
-                        self.kind,
-                        exc.pages,
-                        exc,
-                        " in one request" if expired >= 2 else "",
-                    )
+            sink: ListSink | None = None
+            version: str | None = None
+            count = 0
+            started = 0.0
+            pages = list_pages(
+                self._call,
+                page_size=self._page_size,
+                timeout=LIST_TIMEOUT,
+                on_restart=self._list_restarted,
+            )
+            try:
+                for page in pages:
+                    if page.first or sink is None:
+                        # A list (re)started: what the sink took of an expired one goes too.
+                        sink = self._new_list()
+                        version, started, count = page.version, page.started, 0
+                    count += len(page.items)
+                    sink.page(page.items)
+                    # Freed before the next page is read: only what the sink kept stays.
+                    del page
+            except NotAList as exc:
+                raise ClusterError(f"listing {self.kind}: {exc}") from exc
+            if sink is None or version is None:
+                raise ClusterError(f"listing {self.kind}: the API server gave no resourceVersion")
+            sink.done(started)
         self.lists += 1
         log.info("listed %d %s at resourceVersion %s", count, self.kind, version)
         return version
 
-    def _list_pages(self, whole: bool = False) -> tuple[str, int]:
-        """(the list's resourceVersion, objects listed), every page handed to a new sink;
-        `whole`: in one request."""
-        started = time.monotonic()
-        sink = self._new_list()
-        version = ""
-        token: str | None = None
-        count = pages = 0
-        while True:
-            page = self._read_page(token, pages, 0 if whole else self._page_size)
-            metadata = page.get("metadata") or {}
-            if not pages:
-                # Every page is read at the first one's snapshot: the watch starts there.
-                version = str(metadata["resourceVersion"])
-            items = page.get("items") or []
-            count += len(items)
-            pages += 1
-            sink.page(items)
-            token = metadata.get("continue")
-            # Freed before the next page is read: only what the sink kept stays.
-            del page, items, metadata
-            if not token:
-                break
-        sink.done(started)
-        return version, count
-
-    def _read_page(self, token: str | None, pages: int, size: int) -> dict[str, Any]:
-        options: dict[str, Any] = {}
-        if size > 0:
-            options["limit"] = size
-        if token:
-            options["_continue"] = token
-        try:
-            response = self._call(_request_timeout=LIST_TIMEOUT, **options)
-        except client.ApiException as exc:
-            if token and exc.status == 410:
-                raise _ContinueExpired(_api_message(exc), pages) from exc
-            raise
-        page = orjson.loads(response.data)
-        if not isinstance(page, dict):
-            raise ClusterError(f"listing {self.kind}: the API server answered no object")
-        return page
+    def _list_restarted(self, restart: ListRestart) -> None:
+        # The snapshot the pages were read at was compacted away (gas/kubeapi/paging.py).
+        self._metrics.list_restarts.labels(self.kind).inc()
+        log.warning("%s %s", self.kind, restart)
 
     def _watch(self) -> None:
         """Follow one watch until it ends; _StreamBroken if it breaks once accepted."""
@@ -303,14 +269,6 @@ def _heap_settled(settle: bool) -> Iterator[None]:
 
 class _Expired(Exception):
     pass
-
-
-class _ContinueExpired(Exception):
-    """A list's continue token expired (410): its snapshot was compacted mid-list."""
-
-    def __init__(self, message: str, pages: int) -> None:
-        super().__init__(message)
-        self.pages = pages
 
 
 class _StreamBroken(Exception):
@@ -474,9 +432,7 @@ class KubeCluster:
         if reply.status == 404:
             return None
         if not reply.ok:
-            raise ClusterError(
-                f"{where}: {_status_message(reply.status, reply.reason, reply.data)}"
-            )
+            raise ClusterError(f"{where}: {status_message(reply.status, reply.reason, reply.data)}")
         try:
             pod = orjson.loads(reply.data)
         except orjson.JSONDecodeError as exc:
@@ -512,7 +468,7 @@ class KubeCluster:
             raise BindUncertain(f"{where}: {exc}") from exc
         if reply.ok:
             return
-        message = f"{where}: {_status_message(reply.status, reply.reason, reply.data)}"
+        message = f"{where}: {status_message(reply.status, reply.reason, reply.data)}"
         if 400 <= reply.status < 500 and reply.status != 429:
             raise BindRejected(message)
         raise BindUncertain(message)
@@ -632,16 +588,4 @@ class _PodList:
 
 
 def _api_message(exc: client.ApiException) -> str:
-    return _status_message(exc.status, exc.reason, exc.body)
-
-
-def _status_message(status: int | None, reason: str | None, body: str | bytes | None) -> str:
-    """The API server's own words for a failed request: its Status message when the body
-    holds one, else the HTTP status and reason."""
-    try:
-        decoded = json.loads(body or "")
-        if isinstance(decoded, dict) and decoded.get("message"):
-            return f"{status} {decoded['message']}"
-    except ValueError:
-        pass
-    return f"{status} {reason}"
+    return status_message(exc.status, exc.reason, exc.body)

@@ -13,6 +13,7 @@ generated call it stands for.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, TypedDict, Unpack
 
@@ -28,6 +29,18 @@ NODE_PATH = "/api/v1/nodes/{name}"
 POD_PATH = "/api/v1/namespaces/{namespace}/pods/{name}"
 EVENTS_PATH = "/api/v1/namespaces/{namespace}/events"
 LEASES_PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+
+
+def status_message(status: int | None, reason: str | None, body: str | bytes | None) -> str:
+    """The API server's own words for a failed request: its Status message when the body
+    holds one, else the HTTP status and reason."""
+    try:
+        decoded = json.loads(body or "")
+        if isinstance(decoded, dict) and decoded.get("message"):
+            return f"{status} {decoded['message']}"
+    except ValueError:
+        pass
+    return f"{status} {reason}"
 
 
 class _Calls:

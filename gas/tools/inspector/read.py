@@ -5,15 +5,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
 
 from gas.core.model import as_mapping
 
-PAGE_SIZE = 500
 API_TIMEOUT = (5.0, 60.0)
 EXTENDER_TIMEOUT = 10.0
+
+log = logging.getLogger(__name__)
 
 
 class InspectError(Exception):
@@ -66,23 +68,27 @@ def read_cluster(
     return nodes, pods
 
 
-def _list_all(call: Any, what: str, **selectors: str) -> list[dict[str, Any]]:
-    """Every item, a page at a time: one huge list would be slow on the API server too."""
+def _list_all(call: Any, what: str, field_selector: str | None = None) -> list[dict[str, Any]]:
+    """Every item, a page at a time (one huge list would be slow on the API server too),
+    as gas's own reflector reads it: a list whose continue token expires mid-way is read
+    again from the start, so the answer is always one snapshot of the cluster."""
+    from gas.kubeapi.paging import ListRestart, list_pages
+
+    def restarted(restart: ListRestart) -> None:
+        log.warning("%s %s", what, restart)
+
     items: list[dict[str, Any]] = []
-    token: str | None = None
-    while True:
-        paging: dict[str, Any] = {"limit": PAGE_SIZE}
-        if token:
-            paging["_continue"] = token
-        try:
-            response = call(_request_timeout=API_TIMEOUT, **selectors, **paging)
-            body = json.loads(response.data)
-        except Exception as exc:
-            raise InspectError(f"cannot list {what}: {_api_error(exc)}") from exc
-        items.extend(item for item in body.get("items") or [] if isinstance(item, dict))
-        token = as_mapping(body.get("metadata")).get("continue")
-        if not token:
-            return items
+    try:
+        # In pages of gas's reflector's size.
+        for page in list_pages(
+            call, field_selector=field_selector, timeout=API_TIMEOUT, on_restart=restarted
+        ):
+            if page.first:
+                items = []  # the list started over: what an expired one gave goes
+            items.extend(item for item in page.items if isinstance(item, dict))
+    except Exception as exc:
+        raise InspectError(f"cannot list {what}: {_api_error(exc)}") from exc
+    return items
 
 
 def _api_error(exc: Exception) -> str:
