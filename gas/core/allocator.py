@@ -165,7 +165,7 @@ def place(
     most = max(need.gpus for need in request.containers)
     if most > widest:
         return Rejection(_too_few_usable(node, request, most, widest), unresolvable=True)
-    single = _lone_need(request, policy, sets) if shortcut else None
+    single = lone_need(request, policy) if shortcut and len(sets) == 1 else None
     if single is not None:
         return _first_fit(node, usage, request, single, sets[0], blocked, summary)
     tiles_used = tiles_used or {}
@@ -213,11 +213,8 @@ def dominant_resource(node: NodeGpu, request: PodRequest) -> str | None:
 
 def _request_problem(node: NodeGpu, request: PodRequest, policy: Policy) -> str | None:
     """Annotation and topology problems: they hold whatever the usage."""
-    for key, problem in sorted(request.problems.items()):
-        if key == ANNOTATION_ALLOW and not policy.allowlist:
-            continue
-        if key == ANNOTATION_DENY and not policy.denylist:
-            continue
+    problem = annotation_problem(request, policy)
+    if problem is not None:
         return problem
     if request.xelink and request.needs_gpu:
         if node.xe_link_problem is not None:
@@ -229,10 +226,42 @@ def _request_problem(node: NodeGpu, request: PodRequest, policy: Policy) -> str 
     return None
 
 
+def annotation_problem(request: PodRequest, policy: Policy) -> str | None:
+    """The first (by annotation name) of the pod's annotation problems that counts under
+    `policy`: those of gas-allow and gas-deny only while their feature is on."""
+    problems = request.problems
+    if not problems:  # most pods: no sort to set up (asked for every pod and node)
+        return None
+    for key, problem in sorted(problems.items()):
+        if key == ANNOTATION_ALLOW and not policy.allowlist:
+            continue
+        if key == ANNOTATION_DENY and not policy.denylist:
+            continue
+        return problem
+    return None
+
+
 def _search_sets(
     node: NodeGpu, request: PodRequest, policy: Policy, order: Sequence[str] | None
 ) -> list[tuple[str, ...]]:
     """The card orders to search, each a set all the pod's cards must come from."""
+    usable = card_order(node, policy, order)
+    allow, deny = card_lists(request, policy)
+    if allow is not None or deny:
+        usable = tuple(c for c in usable if (allow is None or c in allow) and c not in deny)
+    if request.single_numa and node.numa_groups:
+        # The whole pod in one NUMA group (GAS decides per container), groups in label order.
+        return [tuple(c for c in usable if c in group) for group in node.numa_groups]
+    return [usable]
+
+
+def card_order(
+    node: NodeGpu, policy: Policy, order: Sequence[str] | None = None
+) -> tuple[str, ...]:
+    """The node's cards a pod may use, in the order first fit tries them, before the pod's
+    own card lists (`card_lists`) and NUMA groups narrow them: `order` (else the node's
+    numeric order), the preferred card first unless a resource is balanced, disabled cards
+    left out."""
     cards = node.cards
     if order is not None:
         # Only the node's own cards, each once, whatever the caller's order names.
@@ -241,23 +270,24 @@ def _search_sets(
     if node.preferred is not None and node.preferred in cards and not policy.balanced:
         # Moved, not swapped as GAS does: the other cards keep their order.
         cards = (node.preferred, *(c for c in cards if c != node.preferred))
-    usable = [c for c in cards if c not in node.disabled]
-    if policy.allowlist and request.allow is not None:
-        usable = [c for c in usable if c in request.allow]
-    if policy.denylist:
-        usable = [c for c in usable if c not in request.deny]
-    if request.single_numa and node.numa_groups:
-        # The whole pod in one NUMA group (GAS decides per container), groups in label order.
-        return [tuple(c for c in usable if c in group) for group in node.numa_groups]
-    return [tuple(usable)]
+    disabled = node.disabled
+    return tuple([c for c in cards if c not in disabled]) if disabled else cards
 
 
-def _lone_need(request: PodRequest, policy: Policy, sets: Sequence[tuple[str, ...]]) -> int | None:
-    """The index of the pod's only container asking for cards, when the search reduces to
-    plain first fit over one card order: no tiles to choose, no Xe links, no NUMA groups,
-    no card order that moves with usage. Most pods are like this, and `_first_fit` finds
-    their cards (or the reason) without the general search's set-up."""
-    if len(sets) != 1 or request.xelink or policy.balanced:
+def card_lists(request: PodRequest, policy: Policy) -> tuple[frozenset[str] | None, frozenset[str]]:
+    """The pod's gas-allow list (None: every card) and gas-deny list, as they count under
+    `policy` (each only while its feature is on)."""
+    allow = request.allow if policy.allowlist else None
+    deny = request.deny if policy.denylist else frozenset()
+    return allow, deny
+
+
+def lone_need(request: PodRequest, policy: Policy) -> int | None:
+    """The index of the pod's only container asking for cards, when the search over one
+    card order reduces to plain first fit: no tiles to choose, no Xe links, no card order
+    that moves with usage. Most pods are like this, and `_first_fit` finds their cards (or
+    the reason) without the general search's set-up."""
+    if request.xelink or policy.balanced:
         return None
     if policy.placement_for(request) != FIRST_FIT:
         return None

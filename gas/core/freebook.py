@@ -44,20 +44,15 @@ from gas.core.allocator import (
     TOO_FEW_CARDS,
     Policy,
     Rejection,
+    annotation_problem,
+    card_lists,
+    card_order,
+    lone_need,
 )
 from gas.core.answers import Answer
 from gas.core.cardmasks import BoolArray, MaskArray, lowest, pack, picked
 from gas.core.judgement import Judgement, judge_verdicts, shortages
-from gas.core.model import (
-    ANNOTATION_ALLOW,
-    ANNOTATION_DENY,
-    FIRST_FIT,
-    TILES,
-    Allocation,
-    NodeGpu,
-    PodRequest,
-    Usage,
-)
+from gas.core.model import Allocation, NodeGpu, PodRequest, Usage
 
 BookView = tuple[Usage, Mapping[str, int], int]
 """What a node's book holds: usage per card, pods blocking each card, pods blocking it all."""
@@ -173,11 +168,7 @@ class FreeBook:
         )
 
     def _layout_of(self, node: NodeGpu) -> _Layout:
-        cards = node.cards
-        if node.preferred is not None and node.preferred in cards:
-            # As `place` orders them: moved first, the others keep their order.
-            cards = (node.preferred, *(c for c in cards if c != node.preferred))
-        usable = tuple(c for c in cards if c not in node.disabled)
+        usable = card_order(node, self.policy)
         layout = self._layouts.get(usable)
         if layout is None:
             slots = {card: slot for slot, card in enumerate(usable)}
@@ -407,32 +398,24 @@ class FreeBook:
     # ------------------------------------------------------------ deciding
 
     def ask(self, request: PodRequest) -> Ask | None:
-        """What `decide` needs of `request`, or None when `place` must answer it."""
+        """What `decide` needs of `request`, or None when `place` must answer it: pods
+        `place` gives to its first-fit shortcut on any node (`lone_need`: NUMA groups
+        could split the card order), no same-GPU group, no card list that changes the
+        node's card order, no annotation problem."""
         policy = self.policy
-        if not self.enabled or policy.placement_for(request) != FIRST_FIT:
+        if not self.enabled or request.single_numa or request.same_gpu:
             return None
-        if request.xelink or request.single_numa or request.same_gpu:
+        index = lone_need(request, policy)
+        if index is None:
             return None
-        if policy.allowlist and request.allow is not None:
+        allow, deny = card_lists(request, policy)
+        if allow is not None or deny or annotation_problem(request, policy) is not None:
             return None
-        if policy.denylist and request.deny:
-            return None
-        for key in request.problems:
-            if (key == ANNOTATION_ALLOW and not policy.allowlist) or (
-                key == ANNOTATION_DENY and not policy.denylist
-            ):
-                continue
-            return None
-        lone = [i for i, need in enumerate(request.containers) if need.gpus > 0]
-        if len(lone) != 1:
-            return None
-        need = request.containers[lone[0]]
-        if TILES in need.requests:
-            return None
+        need = request.containers[index]
         needs = tuple(need.per_card().items())
         if not all(0 <= amount <= INT64_MAX for _, amount in needs):
             return None
-        return Ask(lone[0], len(request.containers), need.gpus, needs)
+        return Ask(index, len(request.containers), need.gpus, needs)
 
     def decide(self, ask: Ask, names: Sequence[str]) -> tuple[list[Answer | None], list[int]]:
         """The answer for each of `names`, in order, as `place` gives it on the node's
