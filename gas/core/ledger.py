@@ -31,7 +31,7 @@ import dataclasses
 import enum
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from typing import Any, cast
@@ -256,26 +256,25 @@ class Ledger:
         if all(map(isinstance, items, repeat(str))):
             names = cast(list[str], items)
             return dict(zip(names, self.check_names(request, names, uid), strict=True))
-        shape = request_shape(request)
-        ask = self._free.ask(request)
+        ask, shape = self._ask(request)
         with self._lock:
-            answers = self._cache.answers(shape)
             own = self._own_pending(uid)
             # Names, and node objects equal to those gas knows (nodes change rarely), are
             # answered by name, all together; other node objects one by one.
             known = [isinstance(item, str) or self._knows(item) for item in items]
             names = [item if isinstance(item, str) else item.name for item in items]
             by_name = list(compress(names, known))
-            if ask is not None:
-                answered = self._decide(request, by_name, own, ask)
-            else:
-                answered = self._check_names(request, by_name, own, answers)
+            answered = self._fit_names(request, by_name, own, ask, shape)
             found = dict(zip(by_name, answered, strict=True))
+            answers: Answers | None = None
             results: dict[str, Allocation | Rejection] = {}
             for item, name, is_known in zip(items, names, known, strict=True):
                 if is_known:
                     results[name] = found[name]
                     continue
+                if answers is None:  # rare: the shape found only now
+                    shape = request_shape(request) if shape is None else shape
+                    answers = self._cache.answers(shape)
                 node = cast(NodeGpu, item)
                 kept = None if own is not None and own.node == name else answers.get(node)
                 results[name] = (
@@ -288,14 +287,9 @@ class Ledger:
     ) -> list[Allocation | Rejection]:
         """`check` of nodes by name, the answers in the order of `names`: what a filter
         asks, of up to thousands of nodes, and a list is quicker to build than a dict."""
-        ask = self._free.ask(request)
-        # The shape is needed only for pods the arrays do not decide (and nodes they leave).
-        shape = request_shape(request) if ask is None else None
+        ask, shape = self._ask(request)
         with self._lock:
-            own = self._own_pending(uid)
-            if ask is not None:
-                return self._decide(request, names, own, ask)
-            return self._check_names(request, names, own, self._cache.answers(shape))
+            return self._fit_names(request, names, self._own_pending(uid), ask, shape)
 
     def judge_names(
         self, request: PodRequest, names: Sequence[str], uid: str | None = None
@@ -312,6 +306,26 @@ class Ledger:
             if judged is not None:
                 return judged
         return judge(names, self.check_names(request, names, uid))
+
+    def _ask(self, request: PodRequest) -> tuple[Ask | None, Hashable]:
+        """What the arrays need of `request` when they decide it (the shape None), else
+        None and its shape, which only the answers kept per node need: found off the
+        lock."""
+        ask = self._free.ask(request)
+        return ask, request_shape(request) if ask is None else None
+
+    def _fit_names(
+        self,
+        request: PodRequest,
+        names: Sequence[str],
+        own: PodHolding | None,
+        ask: Ask | None,
+        shape: Hashable,
+    ) -> list[Allocation | Rejection]:
+        """`check_names` with the lock held, `ask` and `shape` as `_ask` gives them."""
+        if ask is not None:
+            return self._decide(request, names, own, ask)
+        return self._check_names(request, names, own, self._cache.answers(shape))
 
     def _decide(
         self, request: PodRequest, names: Sequence[str], own: PodHolding | None, ask: Ask
