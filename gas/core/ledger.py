@@ -296,16 +296,18 @@ class Ledger:
     ) -> Judgement:
         """What a filter answers of `check_names`: the names that pass, and the reason for
         each of the others. The arrays find it for the usual pod on nodes they decide
-        without an answer per node."""
-        ask = self._free.ask(request)
-        if ask is not None:
-            with self._lock:
-                # The pod's own uncertain bind makes its answer on that node its own.
-                own = self._own_pending(uid)
-                judged = self._free.judge(ask, names) if own is None else None
-            if judged is not None:
-                return judged
-        return judge(names, self.check_names(request, names, uid))
+        without an answer per node. Decided under one hold of the lock; only the reply to
+        answers per node is put together off it."""
+        ask, shape = self._ask(request)
+        with self._lock:
+            own = self._own_pending(uid)
+            # The pod's own uncertain bind makes its answer on that node its own.
+            if ask is not None and own is None:
+                judged = self._free.judge(ask, names)
+                if judged is not None:
+                    return judged
+            results = self._fit_names(request, names, own, ask, shape)
+        return judge(names, results)
 
     def _ask(self, request: PodRequest) -> tuple[Ask | None, Hashable]:
         """What the arrays need of `request` when they decide it (the shape None), else

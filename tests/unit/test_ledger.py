@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import pytest
@@ -306,6 +307,45 @@ def test_a_bind_confirmed_with_the_pods_priority_keeps_the_nodes_kept_answers() 
     assert ledger.check(request, ["n1"]) == {"n1": (("card0",), ("card0",))}
     assert fitted == []
     assert ledger.usage("n1") == {"card0": {I915: 2, MEM: 4 * G}}
+
+
+class CountingLock:
+    """A lock that counts how often it is taken."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.taken = 0
+
+    def __enter__(self) -> None:
+        self.lock.acquire()
+        self.taken += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+@pytest.mark.parametrize("containers", [1, 2])
+def test_a_filter_the_arrays_cannot_judge_is_decided_under_one_hold_of_the_lock(
+    containers: int,
+) -> None:
+    # The pod's own uncertain bind fills n1 but does not count against the pod there: the
+    # arrays (one book per node) cannot judge that, and a pod with two card-asking
+    # containers is never theirs. Either way the reply comes from one state of the
+    # ledger, found under one hold of its lock.
+    nodes = [make_node(n, "0", i915=str(containers)) for n in ("n1", "n2")]
+    ledger = ledger_with(*nodes)
+    pod = make_pod("a", *(ctr(f"c{i}", i915="1") for i in range(containers)))
+    request = pod_request(pod)
+    reserve_pod(ledger, pod, "n1")
+    ledger.commit("uid-a", landed=False)
+    lock = CountingLock()
+    ledger._lock = lock  # type: ignore[assignment]
+    assert ledger.judge_names(request, ["n1", "n2"], "uid-a").passed == ["n1", "n2"]
+    assert lock.taken == 1
+    # Any other pod of its kind finds n1 full.
+    judged = ledger.judge_names(request, ["n1", "n2"])
+    assert (judged.passed, list(judged.failed)) == (["n2"], ["n1"])
+    assert lock.taken == 2
 
 
 @pytest.mark.parametrize("landed", [False, None])
