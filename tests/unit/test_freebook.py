@@ -152,6 +152,14 @@ class Model:
         return len(names) - len(left), len(left)
 
 
+def assert_blocked_counts_derived(free: FreeBook) -> None:
+    """The blocked cards a `FreeBook` counts per row, kept for speed, are what the rest of
+    its state says: on every regular row, its usable cards less its open ones."""
+    regular = free._regular.nonzero()[0]
+    derived = free._nslots[regular] - np.bitwise_count(free._open[regular])
+    assert free._nblocked[regular].tolist() == derived.tolist()
+
+
 def plain_node_left(node: NodeGpu, request: PodRequest) -> bool:
     """Whether `decide` may leave `node` to `place` for `request`."""
     usable = [c for c in node.cards if c not in node.disabled]
@@ -294,6 +302,7 @@ def test_decide_matches_the_search_through_changes(data: st.DataObject) -> None:
             model.relist()
         elif op == "relist_pods":
             model.relist_pods()
+        assert_blocked_counts_derived(model.free)
     for request in requests:
         model.compare(request, [*NAMES])
 
@@ -333,10 +342,12 @@ def test_decide_over_many_busy_nodes() -> None:
             }
             blocked = frozenset({rng.choice(node.cards)}) if rng.random() < 0.02 else frozenset()
             model.apply(name, Hold(usage, blocked, rng.random() < 0.005), +1)
+        assert_blocked_counts_derived(model.free)
         if rng.random() < 0.3:
             model.relist()
         elif rng.random() < 0.3:
             model.relist_pods()
+        assert_blocked_counts_derived(model.free)
         for _ in range(10):
             gpus = rng.choice([1, 1, 2, 3, 4, 9])
             limits = {MEMORY: gpus * rng.randint(0, 9)}
