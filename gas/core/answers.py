@@ -90,15 +90,18 @@ class Answers:
 
 class _Derived:
     """What `place` is given about one node in one state of its book, computed once for
-    all the pod shapes fitted to that state."""
+    all the pod shapes fitted to that state. The summary only once a second pod is: it
+    costs more than one fit saves by it, and a bind's fit is often the only one before the
+    bind changes the state."""
 
-    __slots__ = ("blocked", "node", "summary", "tiles_used")
+    __slots__ = ("blocked", "fits", "node", "summary", "tiles_used")
 
     def __init__(self, node: NodeGpu, book: Book) -> None:
         self.node = node
         self.blocked = frozenset(c for c, n in book.blocked.items() if n > 0)
         self.tiles_used = book.tiles_used()
-        self.summary: Summary = summarize(node, book.usage, self.blocked)
+        self.summary: Summary | None = None
+        self.fits = 0
 
 
 class AnswerCache:
@@ -139,6 +142,9 @@ class AnswerCache:
         derived = self._derived.get(node.name)
         if derived is None or derived.node is not node:
             derived = self._derived[node.name] = _Derived(node, book)
+        derived.fits += 1
+        if derived.summary is None and derived.fits > 1:
+            derived.summary = summarize(node, book.usage, derived.blocked)
         return place(
             node,
             book.usage,
