@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import os
 import signal
 import socket
@@ -24,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import pytest
 import requests
@@ -847,6 +848,95 @@ def test_concurrent_requests_overlap_on_the_worker_threads(https_server: Server)
     assert len({b["thread"] for b in bodies}) == 4
     # Every request started before any of them ended: they were all in flight together.
     assert max(b["start"] for b in bodies) < min(b["end"] for b in bodies)
+
+
+class RawClient:
+    """One kept-alive TLS connection written and read by hand, so that requests can follow
+    each other at once, come together in one write, or after a pause."""
+
+    def __init__(self, port: int, ca: str) -> None:
+        raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+        context = tlsprobe.client_context(ca, None, alpn=("http/1.1",))
+        self.sock = context.wrap_socket(raw, server_hostname="localhost")
+        self.reader = self.sock.makefile("rb")
+
+    @staticmethod
+    def request(i: int, sleep: float = 0.0) -> bytes:
+        body = b'{"i": %d, "sleep": %g}' % (i, sleep)
+        head = b"POST /echo HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        return head + b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+
+    def reply(self) -> dict[str, Any]:
+        status = self.reader.readline()
+        assert status.startswith(b"HTTP/1.1 200"), status
+        length = 0
+        while (line := self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        return cast(dict[str, Any], json.loads(self.reader.read(length)))
+
+    def close(self) -> None:
+        self.reader.close()
+        self.sock.close()
+
+
+def test_requests_on_one_connection_are_answered_in_order_however_they_follow(
+    https_server: Server, pki: PKI
+) -> None:
+    client = RawClient(https_server.port, pki.ca)
+    try:
+        served = []
+        for i in range(5):  # each sent as soon as the last is answered
+            client.sock.sendall(client.request(i))
+            served.append(client.reply()["body"]["i"])
+        client.sock.sendall(client.request(5) + client.request(6))  # two in one write
+        served += [client.reply()["body"]["i"], client.reply()["body"]["i"]]
+        time.sleep(0.2)  # long past the wait for a next request: back with the poller
+        client.sock.sendall(client.request(7))
+        served.append(client.reply()["body"]["i"])
+        client.sock.sendall(client.request(8)[:20])  # a request cut in two
+        time.sleep(0.05)
+        client.sock.sendall(client.request(8)[20:])
+        served.append(client.reply()["body"]["i"])
+    finally:
+        client.close()
+    assert served == list(range(9))
+    assert "Traceback" not in https_server.log()
+
+
+def test_a_connection_answered_in_a_row_does_not_hold_up_another(
+    launcher: Launcher, pki: PKI
+) -> None:
+    # One thread, and a connection whose next request is always in already (sent all in
+    # one write): the thread answers it in a row only while no other connection waits.
+    server = launcher.start("--threads", "1", tls_pair=pki.server_rsa, verify=pki.ca)
+    busy = RawClient(server.port, pki.ca)
+    other = RawClient(server.port, pki.ca)
+    count = 100  # 20 ms each: 2 s in a row
+    busy.sock.sendall(b"".join(busy.request(i, sleep=0.02) for i in range(count)))
+    answered: list[int] = []
+    other_after: list[int] = []
+
+    def ask_other() -> None:
+        other.sock.sendall(other.request(-1))
+        assert other.reply()["body"]["i"] == -1
+        other_after.append(len(answered))
+
+    asker = threading.Thread(target=ask_other)
+    try:
+        for i in range(count):
+            answered.append(busy.reply()["body"]["i"])
+            if i == 0:
+                asker.start()
+        asker.join(30)
+    finally:
+        busy.close()
+        other.close()
+    assert answered == list(range(count))
+    # The other connection's request came in after the first answer; it waited for the
+    # one request being answered, maybe the next, not for the whole row.
+    assert other_after and other_after[0] <= 5
 
 
 def test_unsafe_serves_plain_http(module_launcher: Launcher, pki: PKI) -> None:
