@@ -64,7 +64,8 @@ BINDING_PATH = POD_PATH + "/binding"
 
 
 CONNECT_ATTEMPTS = 4
-"""Attempts to open a connection for one request, as urllib3's default retries make."""
+"""Attempts to open a connection for one request, as urllib3's default retries make (a
+`retries` set in the client's configuration applies to the requests through a proxy only)."""
 
 # What http.client refuses in a request target and in header names and values.
 _BAD_TARGET = re.compile("[\x00-\x20\x7f]")
@@ -114,7 +115,7 @@ class PreparedApi:
             raise ValueError(f"the API server's address {self._host!r} has a path gas cannot send")
         # As http.client writes it: the port only when it is not the scheme's own.
         default_port = 443 if self._scheme == "https" else 80
-        netloc = self._hostname
+        netloc = self._hostname.rstrip(".")
         if self._port is not None and self._port != default_port:
             netloc = f"{netloc}:{self._port}"
         self._host_header = netloc
@@ -188,7 +189,7 @@ class PreparedApi:
         lines = {"host": f"Host: {self._host_header}\r\n"}
         for name, value in headers.items():
             if not _HEADER_NAME.fullmatch(name) or _BAD_HEADER_VALUE.search(value):
-                raise ValueError(f"header {name!r} cannot be sent: it has a line break")
+                raise ValueError(f"header {name!r} cannot be sent: a line break or a bad name")
             lines[name.lower()] = f"{name}: {value}\r\n"
         lines.setdefault("accept-encoding", "Accept-Encoding: identity\r\n")
         return "".join(lines.values()).encode("latin-1")
@@ -241,11 +242,15 @@ class PreparedApi:
             )
         opened = 0
         again = method == "GET"
+        fresh = False  # the one more GET goes on a connection of its own
         while True:
             # A kept connection the API server closed while idle comes back closed.
             conn = connections._get_conn()
             done = False
+            response = None
             try:
+                if fresh and conn.sock is not None:
+                    conn.close()
                 reused = conn.sock is not None
                 if not reused:
                     opened += 1
@@ -264,7 +269,7 @@ class PreparedApi:
                     data = response.read()
                 except Exception:
                     if reused and again:
-                        again = False
+                        again, fresh = False, True
                         continue  # a connection lost while idle: once more, on a new one
                     raise
                 if response.will_close:
@@ -273,5 +278,7 @@ class PreparedApi:
                 return Reply(response.status, response.reason or "", data)
             finally:
                 if not done:
+                    if response is not None:
+                        response.close()
                     conn.close()
                 connections._put_conn(conn)

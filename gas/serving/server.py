@@ -322,7 +322,12 @@ class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
     def enqueue_req(self, conn: Any) -> None:
         with self._queued_lock:
             self._queued += 1
-        super().enqueue_req(conn)
+        try:
+            super().enqueue_req(conn)
+        except BaseException:
+            with self._queued_lock:
+                self._queued -= 1
+            raise
 
     def handle(self, conn: Any) -> Any:
         with self._queued_lock:
@@ -343,7 +348,8 @@ class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
             return True
         poller = select.poll()
         poller.register(conn.sock.fileno(), select.POLLIN)
-        return bool(poller.poll(NEXT_REQUEST_WAIT * 1000))
+        # Once more after the wait: a connection that came meanwhile goes first.
+        return bool(poller.poll(NEXT_REQUEST_WAIT * 1000)) and self._queued == 0
 
     def _handle_one(self, conn: Any) -> Any:
         if not conn.is_http2:

@@ -136,7 +136,7 @@ class Seen:
     connections: int = 0
     revoked: set[str] = field(default_factory=set)  # tokens answered 401
     close_idle: bool = False  # close each connection after its answer, saying nothing
-    drop_second: bool = False  # a connection's second request is read, never answered
+    drop_from: int = 0  # a connection's requests from this one on are read, never answered
     closed: threading.Event = field(default_factory=threading.Event)
 
 
@@ -166,7 +166,7 @@ class _Recorder(BaseHTTPRequestHandler):
 
     def _answer(self, status: int, body: dict[str, Any]) -> None:
         self.served = getattr(self, "served", 0) + 1
-        if self.seen.drop_second and self.served == 2:
+        if self.seen.drop_from and self.served >= self.seen.drop_from:
             self.close_connection = True
             return
         if self.seen.close_idle:
@@ -254,7 +254,10 @@ def test_requests_carry_refreshed_tokens_and_the_client_certificate(
     assert seen.connections == 1  # one TLS handshake: the pool kept the connection
     assert seen.client_names == ["kube-scheduler"]
     _, _, headers, body = seen.requests[0]
+    assert headers["host"] == f"127.0.0.1:{port}"
+    assert headers["accept"] == "application/json"
     assert headers["content-type"] == "application/json"
+    assert headers["content-length"] == str(len(body))
     assert headers["user-agent"] == api_client.user_agent
     assert json.loads(body) == {
         "apiVersion": "v1",
@@ -376,7 +379,7 @@ def test_a_lost_connection_resends_a_get_but_never_a_post(
     recorder: tuple[int, Seen], tls_files: TLSFiles
 ) -> None:
     port, seen = recorder
-    seen.drop_second = True
+    seen.drop_from = 2
     api_client = client.ApiClient(rotating_configuration(port, tls_files))
     try:
         api = PreparedApi(api_client)
@@ -388,6 +391,11 @@ def test_a_lost_connection_resends_a_get_but_never_a_post(
         # is not sent again, and the failure is the caller's to judge.
         with pytest.raises((OSError, http.client.HTTPException)):
             api.create_namespaced_pod_binding("b", "default", b"{}", (5, 5))
+        assert api.create_namespaced_pod_binding("c", "default", b"{}", (5, 5)).status == 201
+        # Every request lost: a read is sent twice, no more.
+        seen.drop_from = 1
+        with pytest.raises((OSError, http.client.HTTPException)):
+            api.read_namespaced_pod("q", "default", (5, 5))
     finally:
         api_client.close()
     assert [(m, p.rsplit("/", 2)[-2:]) for m, p, _, _ in seen.requests] == [
@@ -395,8 +403,11 @@ def test_a_lost_connection_resends_a_get_but_never_a_post(
         ("GET", ["pods", "p"]),
         ("GET", ["pods", "p"]),
         ("POST", ["b", "binding"]),
+        ("POST", ["c", "binding"]),
+        ("GET", ["pods", "q"]),
+        ("GET", ["pods", "q"]),
     ]
-    assert seen.connections == 2
+    assert seen.connections == 4
 
 
 def test_a_failed_connect_is_tried_again_then_reported(tls_files: TLSFiles) -> None:

@@ -890,18 +890,21 @@ def test_requests_on_one_connection_are_answered_in_order_however_they_follow(
         for i in range(5):  # each sent as soon as the last is answered
             client.sock.sendall(client.request(i))
             served.append(client.reply()["body"]["i"])
-        client.sock.sendall(client.request(5) + client.request(6))  # two in one write
-        served += [client.reply()["body"]["i"], client.reply()["body"]["i"]]
+        # Several in one write: each next one is in already, answered in the same thread.
+        client.sock.sendall(b"".join(client.request(i) for i in range(5, 10)))
+        replies = [client.reply() for _ in range(5, 10)]
+        served += [reply["body"]["i"] for reply in replies]
+        assert len({reply["thread"] for reply in replies}) == 1
         time.sleep(0.2)  # long past the wait for a next request: back with the poller
-        client.sock.sendall(client.request(7))
+        client.sock.sendall(client.request(10))
         served.append(client.reply()["body"]["i"])
-        client.sock.sendall(client.request(8)[:20])  # a request cut in two
+        client.sock.sendall(client.request(11)[:20])  # a request cut in two
         time.sleep(0.05)
-        client.sock.sendall(client.request(8)[20:])
+        client.sock.sendall(client.request(11)[20:])
         served.append(client.reply()["body"]["i"])
     finally:
         client.close()
-    assert served == list(range(9))
+    assert served == list(range(12))
     assert "Traceback" not in https_server.log()
 
 
