@@ -75,7 +75,9 @@ def create_app(
     app.register_error_handler(BadRequest, _bad_request)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _internal_error)
-    app.wsgi_app = _SchedulerRoutes(app.wsgi_app, face)  # type: ignore[method-assign]
+    scheduler = _SchedulerRoutes(app.wsgi_app, face)
+    app.wsgi_app = scheduler  # type: ignore[method-assign]
+    setattr(app, routes.DIRECT_POST, scheduler.post)
     return app
 
 
@@ -94,9 +96,25 @@ class _SchedulerRoutes:
         started = time.perf_counter()
         status, body, outcome = self._face.answer(verb, environ)
         self._face.count_verb(verb, status, outcome, started)
-        headers = [("Content-Type", _JSON), ("Content-Length", str(len(body)))]
-        start_response(_STATUS_LINES.get(status) or _status_line(status), headers)
+        start_response(*_head(status, body))
         return [body]
+
+    def post(self, path: str, body: bytes) -> tuple[str, list[tuple[str, str]], bytes] | None:
+        """A whole POST the server read itself (`routes.DIRECT_POST`): the answer
+        `__call__` gives, or None for a path that is not a verb's."""
+        verb = routes.VERBS.get(path)
+        if verb is None:
+            return None
+        started = time.perf_counter()
+        status, data, outcome = self._face.answer(verb, None, body)
+        self._face.count_verb(verb, status, outcome, started)
+        return (*_head(status, data), data)
+
+
+def _head(status: int, body: bytes) -> tuple[str, list[tuple[str, str]]]:
+    """A verb's status line and headers."""
+    status_line = _STATUS_LINES.get(status) or _status_line(status)
+    return status_line, [("Content-Type", _JSON), ("Content-Length", str(len(body)))]
 
 
 def _status_line(status: int) -> str:
@@ -134,13 +152,17 @@ class _Face:
         self._rejections: dict[str, Counter] = {}
         self._verdicts: dict[str, Counter] = {}
 
-    def answer(self, verb: str, environ: WSGIEnvironment) -> tuple[int, bytes, str]:
-        """A POST to `verb`: its status, body and outcome label ("" when it did not reach
-        the verb, and is counted by its status)."""
+    def answer(
+        self, verb: str, environ: WSGIEnvironment | None, body: bytes | None = None
+    ) -> tuple[int, bytes, str]:
+        """A POST to `verb`, its body read from `environ` unless given: its status, body
+        and outcome label ("" when it did not reach the verb, and is counted by its
+        status)."""
         # Only POSTs to the verb's own route come here: its path is the route's.
         path = _ROUTES[verb]
         try:
-            body = _read_body(environ, self._config.get("MAX_CONTENT_LENGTH"))
+            if body is None:
+                body = _read_body(environ or {}, self._config.get("MAX_CONTENT_LENGTH"))
             return self._reply(self._verbs[verb](body))
         except BadRequest as exc:
             return 400, _bad_request_body(exc, path), ""

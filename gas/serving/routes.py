@@ -16,3 +16,7 @@ READYZ = "/readyz"
 METRICS = "/metrics"
 # The ledger's snapshot, as `gas inspect --extender` reads it.
 LEDGER = "/debug/ledger"
+
+DIRECT_POST = "gas_direct_post"
+"""The attribute under which an app served by `gas.serving.server` offers the POSTs the
+server answers without gunicorn's parser or WSGI (`gas.serving.direct.DirectPost`)."""

@@ -39,6 +39,7 @@ from gunicorn.workers.gthread import (  # type: ignore[import-untyped]
     ThreadWorker,
 )
 
+from gas.serving import direct, routes
 from gas.serving.tls import TLS12_CIPHERS, TLSConfigError, server_ssl_context
 
 if TYPE_CHECKING:
@@ -305,6 +306,7 @@ class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
     """
 
     _notified_at = -math.inf
+    alive: bool
 
     def notify(self) -> None:
         # gthread tells the master it is alive on every turn of its loop, which turns twice
@@ -351,10 +353,56 @@ class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
         # Once more after the wait: a connection that came meanwhile goes first.
         return bool(poller.poll(NEXT_REQUEST_WAIT * 1000)) and self._queued == 0
 
+    def load_wsgi(self) -> None:
+        super().load_wsgi()
+        # Not with an access log (written from gunicorn's response), nor under a
+        # SCRIPT_NAME (the app's routes are then not the request's path).
+        post = getattr(self.wsgi, routes.DIRECT_POST, None)
+        plain = not self.cfg.accesslog and not os.environ.get("SCRIPT_NAME")
+        self._direct: direct.DirectPost | None = post if plain else None
+        self._direct_limits = direct.Limits(
+            self.cfg.limit_request_line or _GUNICORN_MAX_REQUEST_LINE,
+            self.cfg.limit_request_field_size or _GUNICORN_MAX_REQUEST_LINE,
+            self.cfg.limit_request_fields,
+            getattr(self.wsgi, "config", {}).get("MAX_CONTENT_LENGTH"),
+        )
+
+    def _answer_direct(self, conn: Any) -> bool | None:
+        """Answer the buffered request through the app's `routes.DIRECT_POST` when it
+        takes it (`gas.serving.direct`): whether to keep the connection; None when it is
+        for gunicorn and the app's WSGI side, which then find it as it came."""
+        if self._direct is None:
+            return None
+        unreader = conn.parser.unreader
+        data = unreader.buf.getvalue()
+        request = direct.read_request(data, self._direct_limits)
+        if request is None:
+            return None
+        answer = self._direct(request.path, request.body)
+        if answer is None:
+            return None
+        unreader.take_buffered()
+        if len(data) > request.end:
+            unreader.unread(data[request.end :])  # the next request's start
+        # As gthread's handle_request decides it.
+        self.nr += 1
+        if self.nr >= self.max_requests and self.alive:
+            self.log.info("Autorestarting worker after current request.")
+            self.alive = False
+        keep = bool(
+            self.alive and self.cfg.keepalive and len(self.keepalived_conns) < self.max_keepalived
+        )
+        conn.sock.sendall(direct.frame(*answer, keep_alive=keep))
+        return keep
+
     def _handle_one(self, conn: Any) -> Any:
         if not conn.is_http2:
             try:
                 ready = self._collect_request(conn)
+                if ready is True and not conn.is_http2:
+                    answered = self._answer_direct(conn)
+                    if answered is not None:
+                        return answered
             except ssl.SSLError as exc:
                 # As gthread itself: a client that hung up is not worth a log line.
                 if exc.args[0] != ssl.SSL_ERROR_EOF:

@@ -3,6 +3,7 @@ client watching the API-server double: wire format, status codes, filter and bin
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import ssl
@@ -342,3 +343,65 @@ def test_not_synced_gas_answers_503(tmp_path: Path, tls_files: TLSFiles) -> None
         assert response.status_code == 503
     finally:
         process.stop()
+
+
+# ------------------------------------------------------------------ both ways in
+
+
+def raw_post(
+    server: GasProcess, tls_files: TLSFiles, path: str, body: bytes, connection: bool
+) -> tuple[int, list[tuple[str, str]], bytes]:
+    """POST as kube-scheduler writes it, which gas answers without gunicorn's parser, or
+    with a Connection field, which goes through gunicorn and the WSGI app: the status,
+    every header but Date in order, and the body."""
+    context = ssl.create_default_context(cafile=tls_files.ca)
+    context.load_cert_chain(tls_files.client_cert, tls_files.client_key)
+    conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=context, timeout=10)
+    headers = {"Content-Type": "application/json"}
+    if connection:
+        headers["Connection"] = "keep-alive"
+    try:
+        conn.request("POST", path, body, headers)
+        response = conn.getresponse()
+        data = response.read()
+    finally:
+        conn.close()
+    return response.status, [(k, v) for k, v in response.getheaders() if k != "Date"], data
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/scheduler/filter", {"Pod": pod_body("p"), "NodeNames": ["two-cards", "ghost"]}),
+        ("/scheduler/prioritize", {"Pod": pod_body("p"), "NodeNames": ["four-cards"]}),
+        ("/scheduler/preempt", {"Pod": pod_body("p"), "NodeNameToMetaVictims": {}}),
+        ("/scheduler/bind", {"PodName": "gone", "PodNamespace": "default", "PodUID": "u"}),
+        ("/scheduler/filter", b"{not json"),
+        ("/scheduler/filter", b"[]"),
+        ("/scheduler/filter", b"x" * (MAX_BODY + 1)),
+        ("/scheduler/nothing", b"{}"),
+    ],
+)
+def test_a_post_gets_the_same_answer_and_count_whichever_way_it_is_read(
+    server: GasProcess, tls_files: TLSFiles, path: str, body: object
+) -> None:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    before = server.session.get(server.url + "/metrics", timeout=5).text
+    direct = raw_post(server, tls_files, path, data, connection=False)
+    through_gunicorn = raw_post(server, tls_files, path, data, connection=True)
+    after = server.session.get(server.url + "/metrics", timeout=5).text
+    assert direct == through_gunicorn
+    _, headers, _ = direct
+    assert ("Content-Type", "application/json") in headers
+    verb = path.rsplit("/", 1)[-1]
+    if verb in ("filter", "prioritize", "preempt", "bind"):
+        assert requests_counted(after, verb) - requests_counted(before, verb) == 2
+
+
+def requests_counted(text: str, verb: str) -> float:
+    """gas_requests_total of `verb`, every outcome."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("gas_requests_total{") and f'verb="{verb}"' in line
+    )

@@ -132,6 +132,9 @@ class GasProcess:
         self.session = requests.Session()
         # REQUESTS_CA_BUNDLE and proxy variables would override the session's own settings.
         self.session.trust_env = False
+        # As kube-scheduler's Go client: no Connection field on HTTP/1.1, so that its POSTs
+        # are those gas answers without gunicorn's parser (gas/serving/direct.py).
+        del self.session.headers["Connection"]
         if tls_files is not None:
             self.session.cert = (tls_files.client_cert, tls_files.client_key)
             self.session.verify = tls_files.ca

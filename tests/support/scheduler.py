@@ -90,6 +90,7 @@ class SchedulerEmulator:
         self.random = random.Random(seed)
         self._session = requests.Session()
         self._session.trust_env = False  # kube-scheduler trusts only its configured CA
+        del self._session.headers["Connection"]  # nor does it send one on HTTP/1.1
         self._session.cert = cert
         self._session.verify = verify
         self._assumed: dict[str, tuple[str, dict[str, int]]] = {}  # uid -> (node, requests)

@@ -1,0 +1,123 @@
+"""The requests the server answers itself (gas/serving/direct.py): exactly the plain, whole
+POSTs kube-scheduler writes; anything else is left, untouched, for gunicorn."""
+
+from __future__ import annotations
+
+import email.utils
+
+import pytest
+
+from gas.serving.direct import Limits, Request, frame, read_request
+
+pytestmark = pytest.mark.unit
+
+LIMITS = Limits(line=4094, field=8190, fields=100, body=1024)
+BODY = b'{"PodName":"p","PodNamespace":"default","PodUID":"u","Node":"n"}'
+
+
+def go_request(body: bytes = BODY, path: str = "/scheduler/bind", *extra: str) -> bytes:
+    """As kube-scheduler's Go client writes a POST."""
+    fields = [
+        "Host: gas.example:9001",
+        "User-Agent: Go-http-client/1.1",
+        f"Content-Length: {len(body)}",
+        "Content-Type: application/json",
+        *extra,
+        "Accept-Encoding: gzip",
+    ]
+    return (
+        f"POST {path} HTTP/1.1\r\n{''.join(f + chr(13) + chr(10) for f in fields)}\r\n".encode()
+        + body
+    )
+
+
+def test_a_go_post_is_read_whole() -> None:
+    data = go_request()
+    assert read_request(data, LIMITS) == Request("/scheduler/bind", BODY, len(data))
+
+
+def test_what_follows_the_body_is_left_for_the_next_request() -> None:
+    data = go_request() + b"POST /scheduler/fil"
+    request = read_request(data, LIMITS)
+    assert request is not None and request.body == BODY
+    assert data[request.end :] == b"POST /scheduler/fil"
+
+
+def test_field_whitespace_and_case_are_as_http_allows() -> None:
+    data = go_request(BODY, "/scheduler/bind", "X-Trace:\t a b \t").replace(
+        b"Content-Length: ", b"content-LENGTH:   "
+    )
+    assert read_request(data, LIMITS) == Request("/scheduler/bind", BODY, len(data))
+
+
+def test_an_empty_body_is_read() -> None:
+    request = read_request(go_request(b""), LIMITS)
+    assert request is not None and request.body == b""
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(go_request()[:-1], id="body not all in"),
+        pytest.param(go_request().split(b"\r\n\r\n")[0] + b"\r\n", id="head not all in"),
+        pytest.param(go_request().replace(b"POST", b"GET", 1), id="another method"),
+        pytest.param(go_request().replace(b"HTTP/1.1", b"HTTP/1.0", 1), id="HTTP/1.0"),
+        pytest.param(go_request(BODY, "http://gas/scheduler/bind"), id="absolute form"),
+        pytest.param(go_request(BODY, "/scheduler/a b"), id="space in the path"),
+        pytest.param(
+            go_request().replace(b"Content-Length: 64", b"Transfer-Encoding: chunked"),
+            id="chunked",
+        ),
+        pytest.param(go_request(BODY, "/x", "Expect: 100-continue"), id="expect"),
+        pytest.param(go_request(BODY, "/x", "Connection: close"), id="connection"),
+        pytest.param(go_request(BODY, "/x", "Upgrade: h2c"), id="upgrade"),
+        pytest.param(go_request(BODY, "/x", "TE: trailers"), id="te"),
+        pytest.param(go_request(BODY, "/x", "Trailer: X"), id="trailer"),
+        pytest.param(go_request(BODY, "/x", "SCRIPT_NAME: /scheduler"), id="underscore name"),
+        pytest.param(go_request(BODY, "/x", "Content-Length: 64"), id="two lengths"),
+        pytest.param(
+            go_request().replace(b"Content-Length: 64", b"Content-Length: +64"), id="signed"
+        ),
+        pytest.param(go_request().replace(b"Content-Length: 64\r\n", b""), id="no length"),
+        pytest.param(go_request(BODY, "/x", "X-A: a\r\n b"), id="folded field"),
+        pytest.param(go_request(BODY, "/x", "X-A: \x01"), id="control character"),
+        pytest.param(go_request(BODY, "/x", "X-A: caf\u00e9"), id="non-ASCII value"),
+        pytest.param(go_request(BODY, "/x", "X A: a"), id="bad name"),
+        pytest.param(go_request().replace(b"\r\n", b"\n"), id="bare line feeds"),
+        pytest.param(go_request(b"x" * 1025), id="body over the limit"),
+        pytest.param(go_request(BODY, "/" + "a" * 4100), id="line over the limit"),
+        pytest.param(go_request(BODY, "/x", "X-A: " + "a" * 8190), id="field over the limit"),
+        pytest.param(
+            go_request(BODY, "/x", *(f"X-{i}: 1" for i in range(97))), id="too many fields"
+        ),
+    ],
+)
+def test_anything_but_a_plain_whole_post_is_left_to_gunicorn(data: bytes) -> None:
+    assert read_request(data, LIMITS) is None
+
+
+def test_no_body_limit_when_the_app_sets_none() -> None:
+    body = b"x" * 5000
+    request = read_request(go_request(body), LIMITS._replace(body=None))
+    assert request is not None and request.body == body
+
+
+def test_an_answer_is_framed_as_gunicorn_writes_it() -> None:
+    data = frame(
+        "200 OK", [("Content-Type", "application/json"), ("Content-Length", "2")], b"{}", True
+    )
+    head, body = data.split(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    assert lines[0] == "HTTP/1.1 200 OK"
+    assert lines[1] == "Server: gunicorn"
+    assert lines[2].startswith("Date: ")
+    assert email.utils.parsedate_to_datetime(lines[2][6:]).tzname() == "UTC"
+    assert lines[3:] == [
+        "Connection: keep-alive",
+        "Content-Type: application/json",
+        "Content-Length: 2",
+    ]
+    assert body == b"{}"
+    closing = frame("503 SERVICE UNAVAILABLE", [], b"", False)
+    assert b"\r\nConnection: close\r\n" in closing
+    assert closing.startswith(b"HTTP/1.1 503 SERVICE UNAVAILABLE\r\n")
