@@ -8,11 +8,13 @@ is taken here only in the plainest HTTP/1.1 form, as kube-scheduler's Go client 
 a POST with an origin-form path, well-formed header fields within gunicorn's limits, one
 Content-Length within the app's body limit and the whole body read, and no header that
 changes how the message is framed or the connection is handled (Transfer-Encoding,
-Expect, Connection, Upgrade, TE, Trailer; nor any name with an underscore, which gunicorn
-drops or refuses). Everything else (another method or route, a chunked body, HTTP/1.0, a
-malformed or oversized request) goes through gunicorn and the app's WSGI side as before,
-which answer or refuse it. The answer is written as gunicorn writes one: status line,
-Server, Date, Connection, the app's headers, the body; in one write.
+Expect, Connection, Upgrade, TE, Trailer), no second Host or Content-Type (gunicorn
+refuses those), none of the fields gunicorn reads the scheme or the script name from, and
+no name with an underscore (which gunicorn drops or refuses). Everything else (another
+method or route, a chunked body, HTTP/1.0, a malformed or oversized request) goes through
+gunicorn and the app's WSGI side as before, which answer or refuse it. The answer is
+written as gunicorn writes one: status line, Server, Date, Connection, the app's headers,
+the body; in one write.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ _FIELD = re.compile(rb"([!#$%&'*+.^`|~0-9A-Za-z-]+):[ \t]*([\t\x20-\x7e]*?)[ \t]
 _HANDLED_BY_GUNICORN = frozenset(
     {b"transfer-encoding", b"expect", b"connection", b"upgrade", b"te", b"trailer"}
 )
+_SINGLE = frozenset({b"content-length", b"host", b"content-type"})
 
 
 class DirectPost(Protocol):
@@ -47,12 +50,14 @@ class DirectPost(Protocol):
 
 class Limits(NamedTuple):
     """gunicorn's limits (`limit_request_line`, `limit_request_field_size`,
-    `limit_request_fields`) and the app's body limit (None: none)."""
+    `limit_request_fields`), the app's body limit (None: none), and the fields, lower case,
+    that gunicorn reads something from (`secure_scheme_headers`, `forwarder_headers`)."""
 
     line: int
     field: int
     fields: int
     body: int | None
+    gunicorn_fields: frozenset[bytes] = frozenset()
 
 
 class Request(NamedTuple):
@@ -70,19 +75,25 @@ def read_request(data: bytes, limits: Limits) -> Request | None:
         return None
     position = line.end()
     length: int | None = None
+    seen: set[bytes] = set()
     fields = 0
     while not data.startswith(b"\r\n", position):
         field = _FIELD.match(data, position)
-        if field is None or field.end() - position - 2 > limits.field:
+        # gunicorn counts a field's line with its end.
+        if field is None or field.end() - position > limits.field:
             return None
         fields += 1
         name = field.group(1).lower()
-        if fields > limits.fields or name in _HANDLED_BY_GUNICORN:
+        if fields > limits.fields or name in _HANDLED_BY_GUNICORN or name in limits.gunicorn_fields:
             return None
+        if name in _SINGLE:
+            if name in seen:
+                return None  # given twice: gunicorn refuses it
+            seen.add(name)
         if name == b"content-length":
             value = field.group(2)
-            if length is not None or not value.isdigit():
-                return None  # several lengths, or not a number: gunicorn refuses it
+            if not value.isdigit():
+                return None  # not a number: gunicorn refuses it
             length = int(value)
         position = field.end()
     if length is None or (limits.body is not None and length > limits.body):

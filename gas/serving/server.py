@@ -355,16 +355,21 @@ class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
-        # Not with an access log (written from gunicorn's response), nor under a
-        # SCRIPT_NAME (the app's routes are then not the request's path).
+        # Not with an access log (written from gunicorn's response), the PROXY protocol
+        # (read by gunicorn's parser), nor under a SCRIPT_NAME (the app's routes are then
+        # not the request's path).
         post = getattr(self.wsgi, routes.DIRECT_POST, None)
-        plain = not self.cfg.accesslog and not os.environ.get("SCRIPT_NAME")
+        cfg = self.cfg
+        proxied = cfg.proxy_protocol not in (False, None, "off")
+        plain = not (cfg.accesslog or proxied or os.environ.get("SCRIPT_NAME"))
         self._direct: direct.DirectPost | None = post if plain else None
+        read_by_gunicorn = [*cfg.secure_scheme_headers, *cfg.forwarder_headers]
         self._direct_limits = direct.Limits(
-            self.cfg.limit_request_line or _GUNICORN_MAX_REQUEST_LINE,
-            self.cfg.limit_request_field_size or _GUNICORN_MAX_REQUEST_LINE,
-            self.cfg.limit_request_fields,
+            cfg.limit_request_line or _GUNICORN_MAX_REQUEST_LINE,
+            cfg.limit_request_field_size or _GUNICORN_MAX_REQUEST_LINE,
+            cfg.limit_request_fields,
             getattr(self.wsgi, "config", {}).get("MAX_CONTENT_LENGTH"),
+            frozenset(name.lower().encode("latin-1") for name in read_by_gunicorn),
         )
 
     def _answer_direct(self, conn: Any) -> bool | None:

@@ -4,10 +4,16 @@ POSTs kube-scheduler writes; anything else is left, untouched, for gunicorn."""
 from __future__ import annotations
 
 import email.utils
+import logging
+import sys
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from gunicorn.http.unreader import Unreader  # type: ignore[import-untyped]
 
 from gas.serving.direct import Limits, Request, frame, read_request
+from gas.serving.server import QuickQuitThreadWorker
 
 pytestmark = pytest.mark.unit
 
@@ -121,3 +127,111 @@ def test_an_answer_is_framed_as_gunicorn_writes_it() -> None:
     closing = frame("503 SERVICE UNAVAILABLE", [], b"", False)
     assert b"\r\nConnection: close\r\n" in closing
     assert closing.startswith(b"HTTP/1.1 503 SERVICE UNAVAILABLE\r\n")
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        pytest.param("Host: other", id="second host"),
+        pytest.param("Content-Type: text/plain", id="second content type"),
+        pytest.param("X-Forwarded-Proto: https", id="scheme field"),
+    ],
+)
+def test_what_gunicorn_refuses_or_reads_is_left_to_it(field: str) -> None:
+    limits = LIMITS._replace(gunicorn_fields=frozenset({b"x-forwarded-proto"}))
+    assert read_request(go_request(BODY, "/x"), limits) is not None
+    assert read_request(go_request(BODY, "/x", field), limits) is None
+
+
+def test_a_field_line_is_counted_with_its_end_as_gunicorn_counts_it() -> None:
+    # gunicorn refuses a field whose line, its CRLF included, is longer than the limit.
+    longest = "X-A: " + "a" * (LIMITS.field - 7)
+    assert read_request(go_request(BODY, "/x", longest), LIMITS) is not None
+    assert read_request(go_request(BODY, "/x", longest + "a"), LIMITS) is None
+
+
+# ------------------------------------------------------------ the worker's side
+
+
+class Sent:
+    def __init__(self) -> None:
+        self.data = b""
+
+    def sendall(self, data: bytes) -> None:
+        self.data += data
+
+
+def worker_and_connection(
+    data: bytes, answer: bool = True, **state: Any
+) -> tuple[Any, Any, list[tuple[str, bytes]]]:
+    """A stand-in for the worker's state `_answer_direct` reads, and a connection whose
+    parser holds `data` as `_collect_request` leaves it."""
+    calls: list[tuple[str, bytes]] = []
+
+    def post(path: str, body: bytes) -> tuple[str, list[tuple[str, str]], bytes] | None:
+        calls.append((path, body))
+        return ("200 OK", [("Content-Length", "2")], b"{}") if answer else None
+
+    worker = SimpleNamespace(
+        _direct=post,
+        _direct_limits=LIMITS,
+        nr=0,
+        max_requests=sys.maxsize,
+        alive=True,
+        log=logging.getLogger("test"),
+        cfg=SimpleNamespace(keepalive=2),
+        keepalived_conns=[],
+        max_keepalived=10,
+    )
+    for key, value in state.items():
+        setattr(worker, key, value)
+    unreader = Unreader()
+    unreader.unread(data)
+    connection = SimpleNamespace(parser=SimpleNamespace(unreader=unreader), sock=Sent())
+    return worker, connection, calls
+
+
+def test_the_worker_answers_a_plain_post_and_keeps_what_follows() -> None:
+    following = b"POST /scheduler/fil"
+    worker, connection, calls = worker_and_connection(go_request() + following)
+    assert QuickQuitThreadWorker._answer_direct(worker, connection) is True
+    assert calls == [("/scheduler/bind", BODY)]
+    assert connection.sock.data.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert connection.sock.data.endswith(
+        b"\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\n{}"
+    )
+    assert connection.parser.unreader.buf.getvalue() == following
+    assert worker.nr == 1
+
+
+@pytest.mark.parametrize(
+    ("data", "answer"),
+    [
+        pytest.param(go_request(), False, id="a route the app does not answer so"),
+        pytest.param(go_request(BODY, "/x", "Connection: close"), True, id="not plain"),
+    ],
+)
+def test_the_worker_leaves_a_request_it_does_not_answer_as_it_came(
+    data: bytes, answer: bool
+) -> None:
+    worker, connection, _ = worker_and_connection(data, answer)
+    assert QuickQuitThreadWorker._answer_direct(worker, connection) is None
+    assert connection.parser.unreader.buf.getvalue() == data
+    assert connection.sock.data == b"" and worker.nr == 0
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        pytest.param({"alive": False}, id="stopping"),
+        pytest.param({"cfg": SimpleNamespace(keepalive=0)}, id="no keep-alive"),
+        pytest.param({"keepalived_conns": [None] * 10}, id="kept connections full"),
+        pytest.param({"max_requests": 1}, id="last request"),
+    ],
+)
+def test_the_worker_closes_where_gunicorn_would(state: dict[str, Any]) -> None:
+    worker, connection, _ = worker_and_connection(go_request(), **state)
+    assert QuickQuitThreadWorker._answer_direct(worker, connection) is False
+    assert b"\r\nConnection: close\r\n" in connection.sock.data
+    if "max_requests" in state:
+        assert worker.alive is False  # the worker restarts after this request

@@ -1,9 +1,11 @@
-"""The scheduler's POSTs are answered in front of Flask (`_SchedulerRoutes`): every answer,
-metric and log line must be what the verbs' Flask routes give for the same request.
+"""The scheduler's POSTs are answered in front of Flask (`_SchedulerRoutes`), and the plain
+ones by the server through the app's `routes.DIRECT_POST`: every answer, metric and log
+line must be what the verbs' Flask routes give for the same request.
 
-Two apps over two copies of the built-in demo cluster get the same requests, one through
-the app as gunicorn calls it, one straight through Flask; their statuses, headers, bodies,
-request counts and decision-log lines are compared.
+Apps over copies of the built-in demo cluster get the same requests, one straight through
+Flask, the other through the app as gunicorn calls it or, for the POSTs the server reads
+itself, through `DIRECT_POST`; their statuses, headers, bodies, request counts and
+decision-log lines are compared.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from werkzeug.test import EnvironBuilder
 
 from gas.cluster.demo import DemoCluster, load_demo_file
 from gas.core.ledger import Ledger
+from gas.serving import routes
 from gas.serving.extender import create_app
 from gas.serving.metrics import Metrics
 from gas.serving.service import Options
@@ -45,7 +48,9 @@ class BrokenCluster(DemoCluster):
 class Side:
     """One app, called through `call`; its metrics."""
 
-    def __init__(self, through_flask: bool, cluster: type[DemoCluster], start: bool) -> None:
+    def __init__(
+        self, through_flask: bool, cluster: type[DemoCluster], start: bool, direct: bool = False
+    ) -> None:
         ledger = Ledger()
         demo = cluster(ledger, load_demo_file(None))
         if start:
@@ -55,8 +60,16 @@ class Side:
         self.call: Callable[..., Any] = (
             self.app.wsgi_app.flask if through_flask else self.app.wsgi_app  # type: ignore[attr-defined]
         )
+        self.direct = direct
+        self.directly = 0  # requests answered through DIRECT_POST
 
     def request(self, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
+        body = _plain_post(environ)
+        if self.direct and body is not None:
+            direct = getattr(self.app, routes.DIRECT_POST)(environ["PATH_INFO"], body)
+            if direct is not None:
+                self.directly += 1
+                return direct[0], sorted(direct[1]), direct[2]
         answer: list[Any] = []
 
         def start_response(status: str, headers: list[tuple[str, str]], *_: Any) -> None:
@@ -72,6 +85,17 @@ class Side:
         text = self.metrics.exposition().decode()
         wanted = re.compile(r"^(gas_requests_total|gas_node_rejections_total|\w+_count)\{")
         return sorted(line for line in text.splitlines() if wanted.match(line))
+
+
+def _plain_post(environ: dict[str, Any]) -> bytes | None:
+    """The body of a POST the server would read itself (gas/serving/direct.py): declared,
+    whole, within the limit."""
+    stream = environ.get("wsgi.input")
+    length = environ.get("CONTENT_LENGTH")
+    if environ["REQUEST_METHOD"] != "POST" or not length or not isinstance(stream, io.BytesIO):
+        return None
+    body = stream.getvalue()
+    return body if len(body) == int(length) <= LIMIT else None
 
 
 def environ(path: str, body: bytes | None = None, method: str = "POST") -> dict[str, Any]:
@@ -134,15 +158,16 @@ def requests() -> Iterator[tuple[str, dict[str, Any]]]:
     yield "healthz", environ("/healthz", method="GET")
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["WSGI", "direct"])
 @pytest.mark.parametrize(
     ("cluster", "start"),
     [(DemoCluster, True), (DemoCluster, False), (BrokenCluster, True)],
     ids=["synced", "not synced", "broken"],
 )
 def test_scheduler_routes_answer_as_flask_does(
-    cluster: type[DemoCluster], start: bool, caplog: pytest.LogCaptureFixture
+    cluster: type[DemoCluster], start: bool, direct: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    front, flask = Side(False, cluster, start), Side(True, cluster, start)
+    front, flask = Side(False, cluster, start, direct), Side(True, cluster, start)
     caplog.set_level(logging.INFO, logger="gas")
     for name, env in requests():
         caplog.clear()
@@ -154,6 +179,8 @@ def test_scheduler_routes_answer_as_flask_does(
         assert front_logs == flask_logs, name
     assert front.counts() == flask.counts()
     assert any(line.startswith("gas_requests_total") for line in front.counts())
+    # Every plain POST to a verb (12 of the requests) went through DIRECT_POST.
+    assert front.directly == (12 if direct else 0)
 
 
 def _copy(stream: Any) -> Any:
