@@ -303,6 +303,10 @@ class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
     lands while the main thread is handing a connection to that pool, both wait on the
     pool's lock and the worker hangs until the master kills it. Quick shutdown means
     in-flight requests are dropped anyway, so leave without touching the pool.
+
+    It also answers kube-scheduler's plain POSTs itself (`gas.serving.direct`) and a
+    kept-alive connection's next request in the thread that answered the last
+    (NEXT_REQUEST_WAIT).
     """
 
     _notified_at = -math.inf
