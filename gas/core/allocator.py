@@ -32,7 +32,7 @@ than first-fit, `--balancedResource` is not used. Xe-linked pods keep the link o
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from itertools import combinations
@@ -134,6 +134,7 @@ def place(
     policy: Policy | None = None,
     summary: Summary | None = None,
     shortcut: bool = True,
+    idle_fit: Callable[[], bool] | None = None,
 ) -> Placement | Rejection:
     """Cards and tiles per container for `request` on `node`, or the reason it does not fit.
 
@@ -143,7 +144,10 @@ def place(
     given, is `summarize(node, usage, blocked)`: callers fitting many pods to one state of
     a node compute it once, and most pods that do not fit are then refused without
     looking at each card. `shortcut=False` runs the general search alone: the reference
-    the first-fit shortcut is tested against (same answers, same reasons).
+    the first-fit shortcut is tested against (same answers, same reasons). `idle_fit`,
+    when given, answers what `fits_idle(node, request, policy, order)` would: callers
+    fitting a pod shape to many nodes of one kind remember it per kind (it does not
+    depend on usage), as the search that decides it costs as much as the fit.
     """
     policy = policy or Policy()
     if node.problem is not None:
@@ -181,17 +185,36 @@ def place(
             tiles = _assign_tiles(node, request, found, busy)
             if tiles is not None:
                 return Placement(found[0], tiles)
-    idle_busy = _busy_tiles(node, {})
-    idle = _with_tile_usage(node, {}, {})
-    if all(
-        _Search(node, idle, request, cards, frozenset(), idle_busy, balanced).run() is None
-        for cards in sets
-    ):
-        return Rejection(
-            "gpu: pod does not fit on this node even with all its cards idle", unresolvable=True
-        )
+    if not (idle_fit() if idle_fit is not None else _fits_idle(node, request, sets, balanced)):
+        return Rejection(DOES_NOT_FIT_IDLE, unresolvable=True)
     usable = tuple(dict.fromkeys(c for s in sets for c in s))
     return Rejection(_shortage(node, adjusted, request, blocked, usable), unresolvable=False)
+
+
+def fits_idle(
+    node: NodeGpu,
+    request: PodRequest,
+    policy: Policy | None = None,
+    order: Sequence[str] | None = None,
+) -> bool:
+    """Whether the search finds cards for `request` on `node` with every card idle and
+    none blocked: what `place` asks of a pod it cannot place now, to tell whether waiting
+    can help. A function of the node's description (not its name or usage), the pod and
+    the policy, so a caller may remember it per kind of node and pod shape."""
+    policy = policy or Policy()
+    balanced = policy.balanced if policy.placement_for(request) == FIRST_FIT else ""
+    return _fits_idle(node, request, _search_sets(node, request, policy, order), balanced)
+
+
+def _fits_idle(
+    node: NodeGpu, request: PodRequest, sets: Sequence[tuple[str, ...]], balanced: str
+) -> bool:
+    idle_busy = _busy_tiles(node, {})
+    idle = _with_tile_usage(node, {}, {})
+    return any(
+        _Search(node, idle, request, cards, frozenset(), idle_busy, balanced).run() is not None
+        for cards in sets
+    )
 
 
 def dominant_resource(node: NodeGpu, request: PodRequest) -> str | None:
@@ -393,6 +416,7 @@ CARD_TOO_SMALL = "gpu: container needs more {} per card than a card has"
 NOT_ENOUGH_CARDS = "gpu: not enough free cards for every container of the pod"
 NOT_ENOUGH_OF = "gpu: not enough free {} on the node's cards"
 CARDS_HELD = "gpu: cards are held by a pod with an unreadable gas-container-cards annotation"
+DOES_NOT_FIT_IDLE = "gpu: pod does not fit on this node even with all its cards idle"
 
 
 def _static_check(node: NodeGpu, request: PodRequest) -> Rejection | None:

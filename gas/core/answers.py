@@ -18,11 +18,19 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import operator
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from itertools import compress, repeat
 from typing import Protocol
 
-from gas.core.allocator import Placement, Policy, Rejection, Summary, place, summarize
+from gas.core.allocator import (
+    Placement,
+    Policy,
+    Rejection,
+    Summary,
+    fits_idle,
+    place,
+    summarize,
+)
 from gas.core.model import Allocation, NodeGpu, PodRequest, TileUsage, Usage
 
 Answer = Allocation | Rejection
@@ -31,6 +39,10 @@ SHAPES_KEPT = 16
 """Pod shapes whose answers are kept (the most recently asked)."""
 SHAPES_KNOWN = 10_000
 """Request shapes numbered at once (see `AnswerCache.answers`)."""
+KINDS_KNOWN = 10_000
+"""Node descriptions numbered at once (see `AnswerCache.kind`)."""
+IDLE_KEPT = 4_096
+"""Idle answers kept per pod shape (one per kind of node; nodes are mostly of a few)."""
 
 
 class Book(Protocol):
@@ -57,10 +69,12 @@ class Answers:
     """The answers for one pod shape: by node name, the node object each answer was
     computed for and the answer (no node object: the node was not known)."""
 
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "idle")
 
     def __init__(self) -> None:
         self.entries: dict[str, tuple[NodeGpu | None, Answer]] = {}
+        # By kind of node (`AnswerCache.kind`): whether the shape fits the node idle.
+        self.idle: dict[int, bool] = {}
 
     def kept(
         self, names: Sequence[str], current: Sequence[NodeGpu | None]
@@ -114,6 +128,9 @@ class AnswerCache:
         self._derived: dict[str, _Derived] = {}  # by node name
         self._shape_numbers: dict[Hashable, int] = {}
         self._shape_counter = itertools.count()
+        self._kinds: dict[str, tuple[NodeGpu, int]] = {}  # by node name
+        self._kind_numbers: dict[Hashable, int] = {}
+        self._kind_counter = itertools.count()
 
     def answers(self, shape: Hashable) -> Answers:
         """The answers kept for pods of `shape` (a `request_shape`), now the most recent.
@@ -134,11 +151,39 @@ class AnswerCache:
         self._answers[number] = answers
         return answers
 
-    def place(self, node: NodeGpu, book: Book | None, request: PodRequest) -> Placement | Rejection:
+    def kind(self, node: NodeGpu) -> int:
+        """The number of `node`'s kind: equal for nodes whose descriptions are equal but
+        for their names, so `place` answers alike on them with equal usage (and the idle
+        check, which usage does not move, alike). Found once per node object."""
+        known = self._kinds.get(node.name)
+        if known is not None and known[0] is node:
+            return known[1]
+        description = node_description(node)
+        number = self._kind_numbers.get(description)
+        if number is None:
+            if len(self._kind_numbers) >= KINDS_KNOWN:
+                # Numbers are never reused: idle answers kept under old ones go unused.
+                self._kind_numbers.clear()
+            number = self._kind_numbers[description] = next(self._kind_counter)
+        if len(self._kinds) >= 2 * KINDS_KNOWN:
+            self._kinds.clear()  # mostly names of nodes long gone
+        self._kinds[node.name] = (node, number)
+        return number
+
+    def place(
+        self,
+        node: NodeGpu,
+        book: Book | None,
+        request: PodRequest,
+        answers: Answers | None = None,
+    ) -> Placement | Rejection:
         """`place` for `request` on `node` holding `book` (None: nothing held), with what
-        is derived from the book computed once for every pod fitted to its state."""
+        is derived from the book computed once for every pod fitted to its state, and,
+        given the `answers` of the request's shape, the idle check remembered there per
+        kind of node."""
+        idle_fit = None if answers is None else self._idle_fit(node, request, answers)
         if book is None:
-            return place(node, {}, request, policy=self.policy)
+            return place(node, {}, request, policy=self.policy, idle_fit=idle_fit)
         derived = self._derived.get(node.name)
         if derived is None or derived.node is not node:
             derived = self._derived[node.name] = _Derived(node, book)
@@ -154,7 +199,23 @@ class AnswerCache:
             tiles_used=derived.tiles_used,
             policy=self.policy,
             summary=derived.summary,
+            idle_fit=idle_fit,
         )
+
+    def _idle_fit(self, node: NodeGpu, request: PodRequest, answers: Answers) -> Callable[[], bool]:
+        """`fits_idle` of `request` on `node`, looked up when `place` asks for it (most fits
+        never do) and remembered for the node's kind under the request's shape."""
+
+        def idle_fit() -> bool:
+            kind = self.kind(node)
+            fits = answers.idle.get(kind)
+            if fits is None:
+                if len(answers.idle) >= IDLE_KEPT:
+                    answers.idle.clear()
+                fits = answers.idle[kind] = fits_idle(node, request, self.policy)
+            return fits
+
+        return idle_fit
 
     def invalidate(self, node: str) -> None:
         """The book of `node` changed: drop every answer and derivation made from it."""
@@ -163,9 +224,16 @@ class AnswerCache:
         self._derived.pop(node, None)
 
     def clear(self) -> None:
-        """Every book was rebuilt: drop everything."""
+        """Every book was rebuilt: drop everything (kinds depend on no book: kept)."""
         self._answers.clear()
         self._derived.clear()
+
+
+def node_description(node: NodeGpu) -> Hashable:
+    """A hashable copy of everything in `node` but its name, orders kept."""
+    return tuple(
+        _frozen(getattr(node, f.name)) for f in dataclasses.fields(node) if f.name != "name"
+    )
 
 
 def request_shape(request: PodRequest) -> Hashable:

@@ -377,7 +377,7 @@ class Ledger:
     ) -> Allocation | Rejection:
         """Fit afresh; kept unless the pod's own uncertain bind is on the node (the answer
         is then for this pod alone)."""
-        placed = self._place(node, request, own)
+        placed = self._place(node, request, own, answers)
         result = placed if isinstance(placed, Rejection) else placed.cards
         if own is None or own.node != node.name:
             answers.keep(node.name, node, result, len(self._nodes))
@@ -567,13 +567,18 @@ class Ledger:
         return entry.holding if entry is not None and entry.state is State.PENDING else None
 
     def _place(
-        self, node: NodeGpu, request: PodRequest, own: PodHolding | None
+        self,
+        node: NodeGpu,
+        request: PodRequest,
+        own: PodHolding | None,
+        answers: Answers | None = None,
     ) -> Placement | Rejection:
         """`place` on the node's book as it stands, but for the pod's own uncertain bind
-        (`own`) when that is on the node: the one state no other pod is fitted to."""
+        (`own`) when that is on the node: the one state no other pod is fitted to.
+        `answers`, those of the request's shape, keep what the idle check finds."""
         book = self._books.get(node.name)
         if book is None or own is None or own.node != node.name:
-            return self._cache.place(node, book, request)
+            return self._cache.place(node, book, request, answers)
         return place(
             node,
             _without(book.usage, own.usage),
