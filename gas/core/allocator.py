@@ -57,6 +57,8 @@ from gas.core.model import (
 SEARCH_BUDGET = 20_000
 """Card combinations tried per pod and node before giving up."""
 
+_NO_USAGE: Mapping[str, int] = {}  # an idle card's usage (never written to)
+
 
 @dataclass(frozen=True)
 class Rejection:
@@ -468,6 +470,13 @@ class _Search:
         self.busy = busy
         self.balanced = balanced
         self.fill = fill
+        capacity = node.capacity
+        # Per container, each resource's most usage a card may have for it to fit
+        # (usage + need <= capacity): what `fits` compares against.
+        self.limits = [
+            [(res, capacity.get(res, 0) - amount) for res, amount in need.per_card().items()]
+            for need in request.containers
+        ]
         self.group = set(request.same_gpu)
         self.rank = {card: index for index, card in enumerate(cards)}
         self.steps_left = SEARCH_BUDGET
@@ -533,21 +542,21 @@ class _Search:
         if need.gpus == 0:
             yield (), ()
             return
-        per_card = need.per_card()
+        limits = self.limits[index]
         if need.name in self.group:
             shared = self.same_gpu_card(index)
             if shared is not None:
-                if self.fits(shared, per_card):
+                if self.fits(shared, limits):
                     yield (shared,), ()
                 return
         if self.request.xelink:
-            for combo in combinations(self.linked_pairs(per_card), need.gpus // 2):
+            for combo in combinations(self.linked_pairs(limits), need.gpus // 2):
                 picked = tuple(card for a, _, b, _ in combo for card in (a, b))
                 if len(set(picked)) == len(picked):
                     yield picked, tuple(tile for _, at, _, bt in combo for tile in (at, bt))
             return
         blocked = self.blocked
-        eligible = (c for c in self.card_order() if c not in blocked and self.fits(c, per_card))
+        eligible = (c for c in self.card_order() if c not in blocked and self.fits(c, limits))
         if need.gpus == 1:
             # Lazily: first fit usually stops at the first free card.
             yield from (((card,), ()) for card in eligible)
@@ -561,15 +570,13 @@ class _Search:
             return own[res]
         return self.usage.get(card, {}).get(res, 0)
 
-    def fits(self, card: str, per_card: Mapping[str, int]) -> bool:
-        """Whether `card` has room for `per_card` on top of its usage (`used`, inlined:
-        this is the search's innermost step)."""
+    def fits(self, card: str, limits: Sequence[tuple[str, int]]) -> bool:
+        """Whether `card` has room for a container whose `limits` (see `self.limits`) are
+        these on top of its usage (`used`, inlined: this is the search's innermost step)."""
+        before = self.usage.get(card, _NO_USAGE)
         own = self.working.get(card)
-        before = self.usage.get(card, {})
-        capacity = self.node.capacity
-        for res, amount in per_card.items():
-            used = own[res] if own is not None and res in own else before.get(res, 0)
-            if used + amount > capacity.get(res, 0):
+        for res, limit in limits:
+            if (own[res] if own is not None and res in own else before.get(res, 0)) > limit:
                 return False
         return True
 
@@ -619,8 +626,8 @@ class _Search:
             and tile not in self.taken.get(card, ())
         )
 
-    def linked_pairs(self, per_card: Mapping[str, int]) -> list[tuple[str, int, str, int]]:
-        """The Xe links whose two cards both fit `per_card` and whose two tiles are free,
+    def linked_pairs(self, limits: Sequence[tuple[str, int]]) -> list[tuple[str, int, str, int]]:
+        """The Xe links whose two cards both fit `limits` and whose two tiles are free,
         each as (card, tile, card, tile) with the earlier card first, in card order."""
         rank = self.rank
         pairs = set()
@@ -636,8 +643,8 @@ class _Search:
             if (
                 self.tile_free(a, a_tile)
                 and self.tile_free(b, b_tile)
-                and self.fits(a, per_card)
-                and self.fits(b, per_card)
+                and self.fits(a, limits)
+                and self.fits(b, limits)
             ):
                 pairs.add((a, a_tile, b, b_tile))
         return sorted(pairs, key=lambda p: (rank[p[0]], p[1], rank[p[2]], p[3]))
@@ -685,16 +692,21 @@ def _shortage(
 ) -> str:
     """A short, stable reason naming the resource that keeps the most cards out."""
     counts: dict[str, int] = {}
+    capacity = node.capacity
+    # Counted per resource over the open cards' usage rows (the order counted in does
+    # not matter: `_worst_shortage` breaks ties by name).
+    rows = [usage.get(card, _NO_USAGE) for card in usable if card not in blocked]
+    held = len(usable) - len(rows)
     for need in request.containers:
         if need.gpus == 0:
             continue
-        for card in usable:
-            if card in blocked:
-                counts["blocked"] = counts.get("blocked", 0) + 1
-                continue
-            for res, amount in need.per_card().items():
-                if usage.get(card, {}).get(res, 0) + amount > node.capacity.get(res, 0):
-                    counts[res] = counts.get(res, 0) + 1
+        if held:
+            counts["blocked"] = counts.get("blocked", 0) + held
+        for res, amount in need.per_card().items():
+            limit = capacity.get(res, 0) - amount  # short: usage + amount > capacity
+            short = sum([1 for row in rows if row.get(res, 0) > limit])
+            if short:
+                counts[res] = counts.get(res, 0) + short
     return _worst_shortage(counts, request)
 
 
