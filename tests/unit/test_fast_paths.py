@@ -5,6 +5,9 @@
 - The ledger keeps `place`'s answers per node and pod shape until the node or its book
   changes; through any sequence of changes, `Ledger.check` must agree with the general
   search run on the ledger's current state.
+- The idle check (does the pod fit the node with every card idle) is remembered per kind
+  of node and pod shape; it must be what the check finds on each node of the kind, and
+  a node object changed under the same name must not be answered from its old kind.
 """
 
 from __future__ import annotations
@@ -18,7 +21,16 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gas.core.allocator import Placement, Policy, Rejection, place, summarize
+from gas.core.allocator import (
+    DOES_NOT_FIT_IDLE,
+    Placement,
+    Policy,
+    Rejection,
+    fits_idle,
+    place,
+    summarize,
+)
+from gas.core.answers import AnswerCache, request_shape
 from gas.core.holdings import PodHolding, PodObservation, observe_pod
 from gas.core.ledger import Ledger
 from gas.core.model import (
@@ -439,3 +451,94 @@ def test_answers_follow_a_bind() -> None:
     }
     ledger.cancel("a")
     assert ledger.check(request, ["n"]) == {"n": (("card0",),)}
+
+
+# ---------------------------------------------------------------- the idle check remembered
+
+
+@dataclasses.dataclass
+class StandInBook:
+    """A node's book as the answer cache reads it."""
+
+    usage: Mapping[str, Mapping[str, int]]
+    blocked: Mapping[str, int]
+    blocking_pods: int = 0
+    used_tiles: Mapping[str, frozenset[int]] = dataclasses.field(default_factory=dict)
+
+    def tiles_used(self) -> Mapping[str, frozenset[int]]:
+        return self.used_tiles
+
+
+@EXAMPLES
+@given(data=st.data())
+def test_idle_answer_remembered_per_kind(data: st.DataObject) -> None:
+    """Nodes of a few kinds, each kind under several names (and as equal but distinct
+    objects), fitted pods of a few shapes in any order with any usage: every answer is
+    the search's own, and every idle answer kept is what the check finds on each node of
+    its kind."""
+    policy = data.draw(policies)
+    base = data.draw(nodes())
+    kinds = [base]
+    for _ in range(data.draw(st.integers(0, 3))):
+        # A kind differing from the first in one field (names of other cards harm not).
+        field = data.draw(st.sampled_from([f.name for f in dataclasses.fields(base)][1:]))
+        kinds.append(dataclasses.replace(base, **{field: getattr(data.draw(nodes()), field)}))
+    fleet = [
+        dataclasses.replace(kind, name=f"k{k}-{copy}", capacity=dict(kind.capacity))
+        for k, kind in enumerate(kinds)
+        for copy in range(3)
+    ]
+    all_cards = tuple(sorted({c for n in fleet for c in n.cards}))
+    requests = data.draw(st.lists(requests_for(all_cards), min_size=1, max_size=3))
+    cache = AnswerCache(policy)
+    for _ in range(data.draw(st.integers(1, 24))):
+        node = data.draw(st.sampled_from(fleet))
+        request = data.draw(st.sampled_from(requests))
+        usage = data.draw(usages(node.cards))
+        blocked = frozenset(data.draw(st.sets(st.sampled_from(node.cards), max_size=1)))
+        book = StandInBook(usage, dict.fromkeys(blocked, 1))
+        cache.invalidate(node.name)  # its book is a new one, as after a bind
+        answers = cache.answers(request_shape(request))
+        got = cache.place(node, book, request, answers)
+        expected = search_alone(node, usage, request, blocked=blocked, policy=policy)
+        assert got == expected
+        for other in fleet:
+            fits = answers.idle.get(cache.kind(other))
+            if fits is not None:
+                assert fits == fits_idle(other, request, policy)
+
+
+def test_idle_answer_shared_by_nodes_of_one_kind() -> None:
+    """A filter over many nodes of one kind runs the idle check once for them all."""
+    fleet = [NodeGpu(f"n{i}", ("card0", "card1"), {I915: 1, MEMORY: 8}) for i in range(5)]
+    ledger = Ledger()
+    ledger.replace_nodes(fleet)
+    # Three containers of one card each on two single-share cards: not even idle.
+    three = [{"name": f"c{i}", "resources": {"limits": {I915: "1"}}} for i in range(3)]
+    request = pod_request({"spec": {"containers": three}})
+    got = ledger.check(request, [n.name for n in fleet])
+    assert set(got.values()) == {Rejection(DOES_NOT_FIT_IDLE, unresolvable=True)}
+    answers = ledger._cache.answers(request_shape(request))
+    assert answers.idle == {ledger._cache.kind(fleet[0]): False}
+
+
+def test_idle_answer_not_kept_past_a_changed_node() -> None:
+    """The node changes under its name (a card gains shares): the pod that did not fit
+    it even idle now fits it idle, and waiting for the card held now can help."""
+    node = NodeGpu("n", ("card0",), {I915: 1, MEMORY: 8})
+    ledger = Ledger()
+    ledger.set_node(node)
+    two = [{"name": f"c{i}", "resources": {"limits": {I915: "1"}}} for i in range(2)]
+    request = pod_request({"spec": {"containers": two}})
+    assert ledger.check(request, ["n"]) == {"n": Rejection(DOES_NOT_FIT_IDLE, True)}
+    ledger.set_node(dataclasses.replace(node, capacity={I915: 2, MEMORY: 8}))
+    one = [{"name": "c", "resources": {"limits": {I915: "1"}}}]
+    held = ledger.reserve_placement("a", "ns", "a", pod_request({"spec": {"containers": one}}), "n")
+    assert isinstance(held, Placement)
+    assert ledger.check(request, ["n"]) == {
+        "n": Rejection("gpu: not enough free cards for every container of the pod", False)
+    }
+    ledger.cancel("a")
+    assert ledger.check(request, ["n"]) == {"n": (("card0",), ("card0",))}
+    ledger.set_node(node)  # back as it was: not even idle again
+    assert ledger.check(request, ["n"]) == {"n": Rejection(DOES_NOT_FIT_IDLE, True)}
