@@ -8,6 +8,11 @@ rebuilds every book), and an answer computed for another node object than the cu
 is not used. A filter then computes afresh only the nodes that changed since the last pod
 of its shape, and finds the others with a few C-level passes over the names.
 
+What does not move with usage is kept longer: whether a pod shape fits a node with every
+card idle (`allocator.fits_idle`, asked of each node a pod does not fit) is kept per pod
+shape and kind of node, nodes whose descriptions are equal but for their names being of
+one kind, so a filter over many nodes of a kind asks it once.
+
 A kept answer is exactly what the search would answer now; `tests/unit/test_fast_paths.py`
 checks that through any sequence of ledger changes. Not thread-safe: the ledger uses it
 under its lock.
