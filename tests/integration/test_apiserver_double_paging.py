@@ -57,6 +57,13 @@ def pages(
             return found
 
 
+def add_three_pods_each(double: ApiServerDouble, namespaces: tuple[str, ...]) -> None:
+    """Pods p0, p1 and p2 in each namespace, added in this order."""
+    for namespace in namespaces:
+        for index in range(3):
+            double.add_pod(pod(f"p{index}", namespace))
+
+
 def names(page: dict[str, Any]) -> list[str]:
     return [f"{i['metadata'].get('namespace', '')}/{i['metadata']['name']}" for i in page["items"]]
 
@@ -71,9 +78,7 @@ def status_of(exc: ApiException) -> dict[str, Any]:
 def test_pages_come_in_storage_key_order_with_continue_and_remaining_count(
     double: ApiServerDouble, api: CoreApi
 ) -> None:
-    for namespace in ("b", "a", "a-b"):
-        for index in range(3):
-            double.add_pod(pod(f"p{index}", namespace))
+    add_three_pods_each(double, ("b", "a", "a-b"))
     whole = list_raw(api.list_pod_for_all_namespaces)
     found = pages(api.list_pod_for_all_namespaces, limit=4)
 
@@ -146,9 +151,7 @@ def test_later_pages_show_the_first_pages_snapshot(double: ApiServerDouble, api:
 def test_a_namespaced_list_pages_within_its_namespace(
     double: ApiServerDouble, api: CoreApi
 ) -> None:
-    for namespace in ("a", "a-b", "b"):
-        for index in range(3):
-            double.add_pod(pod(f"p{index}", namespace))
+    add_three_pods_each(double, ("a", "a-b", "b"))
     found = pages(api.list_namespaced_pod, "a", limit=2)
     assert [names(p) for p in found] == [["a/p0", "a/p1"], ["a/p2"]]
     assert found[0]["metadata"]["remainingItemCount"] == 1

@@ -135,6 +135,16 @@ def wait_same(paged: Synced, whole: Synced) -> None:
         assert paged.view() == whole.view()
 
 
+def synced_like_one_list(start: StartSynced) -> Synced:
+    """A gas synced in pages of 3, once it agrees with one synced from a single list."""
+    paged = start(3)
+    paged.wait_synced()
+    whole = start(0)
+    whole.wait_synced()
+    wait_same(paged, whole)
+    return paged
+
+
 # ------------------------------------------------------------------ in process
 
 
@@ -214,11 +224,7 @@ def test_a_continue_token_expired_mid_list_starts_the_list_over(
     # The second page is answered 410 Expired, once.
     apiserver.faults.add("GET", f"^{PODS}$", ("status", 410), query_regex="continue=")
     caplog.set_level(logging.WARNING, logger="gas.cluster.kube")
-    paged = start(3)
-    paged.wait_synced()
-    whole = start(0)
-    whole.wait_synced()
-    wait_same(paged, whole)
+    paged = synced_like_one_list(start)
 
     lists = [query for query in pod_lists(apiserver) if query.get("limit") == "3"]
     firsts = [index for index, query in enumerate(lists) if "continue" not in query]
@@ -235,11 +241,7 @@ def test_a_list_expired_twice_is_read_in_one_request(
     populate(apiserver)
     apiserver.faults.add("GET", f"^{PODS}$", ("status", 410), query_regex="continue=", times=None)
     caplog.set_level(logging.WARNING, logger="gas.cluster.kube")
-    paged = start(3)
-    paged.wait_synced()
-    whole = start(0)
-    whole.wait_synced()
-    wait_same(paged, whole)
+    paged = synced_like_one_list(start)
 
     limits = [query.get("limit") for query in pod_lists(apiserver)]
     # Page 1, a 410; page 1, a 410; then the whole list (and the second gas's own).
