@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 from collections.abc import Mapping
 from typing import Any
-
-from gas.core.model import as_mapping
 
 API_TIMEOUT = (5.0, 60.0)
 EXTENDER_TIMEOUT = 10.0
@@ -92,14 +89,12 @@ def _list_all(call: Any, what: str, field_selector: str | None = None) -> list[d
 
 
 def _api_error(exc: Exception) -> str:
-    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
 
-    if isinstance(exc, client.ApiException):
-        try:
-            message = as_mapping(json.loads(exc.body or "")).get("message")
-        except ValueError:
-            message = None
-        return f"{exc.status} {message or exc.reason}"
+    from gas.kubeapi.core import status_message
+
+    if isinstance(exc, ApiException):
+        return status_message(exc.status, exc.reason, exc.body)
     return str(exc) or type(exc).__name__
 
 
