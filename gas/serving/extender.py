@@ -106,7 +106,7 @@ class _SchedulerRoutes:
         if verb is None:
             return None
         started = time.perf_counter()
-        status, data, outcome = self._face.answer(verb, None, body)
+        status, data, outcome = self._face.answer_body(verb, body)
         self._face.count_verb(verb, status, outcome, started)
         return (*_head(status, data), data)
 
@@ -152,18 +152,21 @@ class _Face:
         self._rejections: dict[str, Counter] = {}
         self._verdicts: dict[str, Counter] = {}
 
-    def answer(
-        self, verb: str, environ: WSGIEnvironment | None, body: bytes | None = None
-    ) -> tuple[int, bytes, str]:
-        """A POST to `verb`, its body read from `environ` unless given: its status, body
-        and outcome label ("" when it did not reach the verb, and is counted by its
-        status)."""
+    def answer(self, verb: str, environ: WSGIEnvironment) -> tuple[int, bytes, str]:
+        """A POST to `verb`, its body read from `environ`: its status, body and outcome
+        label ("" when it did not reach the verb, and is counted by its status)."""
+        limit = self._config.get("MAX_CONTENT_LENGTH")
+        return self._answered(verb, lambda: _read_body(environ, limit))
+
+    def answer_body(self, verb: str, body: bytes) -> tuple[int, bytes, str]:
+        """`answer` of a POST whose whole `body` the server read."""
+        return self._answered(verb, lambda: body)
+
+    def _answered(self, verb: str, read: Callable[[], bytes]) -> tuple[int, bytes, str]:
         # Only POSTs to the verb's own route come here: its path is the route's.
         path = _ROUTES[verb]
         try:
-            if body is None:
-                body = _read_body(environ or {}, self._config.get("MAX_CONTENT_LENGTH"))
-            return self._reply(self._verbs[verb](body))
+            return self._reply(self._verbs[verb](read()))
         except BadRequest as exc:
             return 400, _bad_request_body(exc, path), ""
         except HTTPException as exc:

@@ -295,6 +295,26 @@ class _DeadlineSocket:
         return getattr(self.sock, name)
 
 
+def direct_posts(app: Any, cfg: Any) -> tuple[direct.DirectPost | None, direct.Limits]:
+    """The POSTs the worker answers itself (`gas.serving.direct`): the app's
+    `routes.DIRECT_POST` (None: none), and the limits of the requests it takes, from
+    gunicorn's configuration `cfg`. None with an access log (written from gunicorn's
+    response), the PROXY protocol (read by gunicorn's parser), or under a SCRIPT_NAME (the
+    app's routes are then not the request's path)."""
+    post = getattr(app, routes.DIRECT_POST, None)
+    proxied = cfg.proxy_protocol not in (False, None, "off")
+    plain = not (cfg.accesslog or proxied or os.environ.get("SCRIPT_NAME"))
+    read_by_gunicorn = [*cfg.secure_scheme_headers, *cfg.forwarder_headers]
+    limits = direct.Limits(
+        cfg.limit_request_line or _GUNICORN_MAX_REQUEST_LINE,
+        cfg.limit_request_field_size or _GUNICORN_MAX_REQUEST_LINE,
+        cfg.limit_request_fields,
+        getattr(app, "config", {}).get("MAX_CONTENT_LENGTH"),
+        frozenset(name.lower().encode("latin-1") for name in read_by_gunicorn),
+    )
+    return (post if plain else None), limits
+
+
 class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
     """gunicorn's gthread worker with a quick shutdown (SIGQUIT, sent on the master's
     SIGINT) that cannot deadlock, and that slow clients cannot starve (see above).
@@ -359,22 +379,7 @@ class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
-        # Not with an access log (written from gunicorn's response), the PROXY protocol
-        # (read by gunicorn's parser), nor under a SCRIPT_NAME (the app's routes are then
-        # not the request's path).
-        post = getattr(self.wsgi, routes.DIRECT_POST, None)
-        cfg = self.cfg
-        proxied = cfg.proxy_protocol not in (False, None, "off")
-        plain = not (cfg.accesslog or proxied or os.environ.get("SCRIPT_NAME"))
-        self._direct: direct.DirectPost | None = post if plain else None
-        read_by_gunicorn = [*cfg.secure_scheme_headers, *cfg.forwarder_headers]
-        self._direct_limits = direct.Limits(
-            cfg.limit_request_line or _GUNICORN_MAX_REQUEST_LINE,
-            cfg.limit_request_field_size or _GUNICORN_MAX_REQUEST_LINE,
-            cfg.limit_request_fields,
-            getattr(self.wsgi, "config", {}).get("MAX_CONTENT_LENGTH"),
-            frozenset(name.lower().encode("latin-1") for name in read_by_gunicorn),
-        )
+        self._direct, self._direct_limits = direct_posts(self.wsgi, self.cfg)
 
     def _answer_direct(self, conn: Any) -> bool | None:
         """Answer the buffered request through the app's `routes.DIRECT_POST` when it

@@ -405,3 +405,29 @@ def requests_counted(text: str, verb: str) -> float:
         for line in text.splitlines()
         if line.startswith("gas_requests_total{") and f'verb="{verb}"' in line
     )
+
+
+def test_gas_answers_a_plain_post_itself_and_one_with_a_connection_field_through_gunicorn(
+    server: GasProcess, tls_files: TLSFiles
+) -> None:
+    # Seen from outside by how the answer is written: gas's worker writes a verb's answer
+    # in one TLS record, gunicorn writes the head and the body in two. A TLS read returns
+    # one record at most.
+    context = ssl.create_default_context(cafile=tls_files.ca)
+    context.load_cert_chain(tls_files.client_cert, tls_files.client_key)
+    body = json.dumps({"Pod": pod_body("p"), "NodeNames": ["two-cards"]}).encode()
+    first_reads = []
+    for extra in (b"", b"Connection: keep-alive\r\n"):
+        raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as conn:
+            conn.sendall(
+                b"POST /scheduler/filter HTTP/1.1\r\nHost: gas\r\n"
+                + extra
+                + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+                + body
+            )
+            first_reads.append(conn.recv(65536))
+    direct, through_gunicorn = first_reads
+    assert direct.startswith(b"HTTP/1.1 200 OK\r\n") and direct.endswith(b'"Error":""}')
+    assert through_gunicorn.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert through_gunicorn.endswith(b"\r\n\r\n")  # the head alone

@@ -10,10 +10,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from gunicorn.config import Config  # type: ignore[import-untyped]
 from gunicorn.http.unreader import Unreader  # type: ignore[import-untyped]
 
+from gas.serving import routes
 from gas.serving.direct import Limits, Request, frame, read_request
-from gas.serving.server import QuickQuitThreadWorker
+from gas.serving.server import QuickQuitThreadWorker, ServerSettings, build_options, direct_posts
 
 pytestmark = pytest.mark.unit
 
@@ -235,3 +237,54 @@ def test_the_worker_closes_where_gunicorn_would(state: dict[str, Any]) -> None:
     assert b"\r\nConnection: close\r\n" in connection.sock.data
     if "max_requests" in state:
         assert worker.alive is False  # the worker restarts after this request
+
+
+# ------------------------------------------------------------ whether the worker takes them
+
+
+def gunicorn_config(**settings: Any) -> Any:
+    """gunicorn's configuration as `gas serve` sets it (`build_options`)."""
+    cfg = Config()
+    options = build_options(ServerSettings(unsafe=True, **settings))
+    for key, value in options.items():
+        cfg.set(key, value)
+    return cfg
+
+
+def extender_app() -> Any:
+    from gas.cluster.demo import DemoCluster, load_demo_file
+    from gas.core.ledger import Ledger
+    from gas.serving.extender import create_app
+    from gas.serving.service import Options
+
+    ledger = Ledger()
+    return create_app(
+        ledger, DemoCluster(ledger, load_demo_file(None)), Options(max_request_bytes=4096)
+    )
+
+
+def test_gas_serve_answers_the_verbs_itself_with_gunicorns_limits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SCRIPT_NAME", raising=False)
+    app = extender_app()
+    post, limits = direct_posts(app, gunicorn_config(max_request_header_bytes=4000))
+    assert post is not None and post == getattr(app, routes.DIRECT_POST)
+    assert (limits.line, limits.field, limits.fields, limits.body) == (4000, 4000, 100, 4096)
+    assert {b"x-forwarded-proto", b"script_name"} <= limits.gunicorn_fields
+
+
+@pytest.mark.parametrize("why", ["access log", "proxy protocol", "SCRIPT_NAME", "no such app"])
+def test_the_worker_leaves_every_request_to_gunicorn_when(
+    why: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SCRIPT_NAME", raising=False)
+    app: Any = extender_app()
+    cfg = gunicorn_config(access_log=why == "access log")
+    if why == "proxy protocol":
+        cfg.set("proxy_protocol", "v1")
+    if why == "SCRIPT_NAME":
+        monkeypatch.setenv("SCRIPT_NAME", "/gas")
+    if why == "no such app":
+        app = object()
+    assert direct_posts(app, cfg)[0] is None
