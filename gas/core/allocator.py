@@ -147,7 +147,7 @@ def place(
     a node compute it once, and most pods that do not fit are then refused without
     looking at each card. `shortcut=False` runs the general search alone: the reference
     the first-fit shortcut is tested against (same answers, same reasons). `idle_fit`,
-    when given, answers what `fits_idle(node, request, policy, order)` would: callers
+    when given, answers what `fits_idle(node, request, policy)` would (without `order`): callers
     fitting a pod shape to many nodes of one kind remember it per kind (it does not
     depend on usage), as the search that decides it costs as much as the fit.
     """
@@ -193,19 +193,14 @@ def place(
     return Rejection(_shortage(node, adjusted, request, blocked, usable), unresolvable=False)
 
 
-def fits_idle(
-    node: NodeGpu,
-    request: PodRequest,
-    policy: Policy | None = None,
-    order: Sequence[str] | None = None,
-) -> bool:
+def fits_idle(node: NodeGpu, request: PodRequest, policy: Policy | None = None) -> bool:
     """Whether the search finds cards for `request` on `node` with every card idle and
     none blocked: what `place` asks of a pod it cannot place now, to tell whether waiting
     can help. A function of the node's description (not its name or usage), the pod and
     the policy, so a caller may remember it per kind of node and pod shape."""
     policy = policy or Policy()
     balanced = policy.balanced if policy.placement_for(request) == FIRST_FIT else ""
-    return _fits_idle(node, request, _search_sets(node, request, policy, order), balanced)
+    return _fits_idle(node, request, _search_sets(node, request, policy, None), balanced)
 
 
 def _fits_idle(
