@@ -16,7 +16,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from gas.kubeapi.core import MERGE_PATCH, RawCoreV1Api
+from gas.kubeapi.core import MERGE_PATCH
 from gas.node.kubeapi import core_api
 from gas.node.podapi import NodeApi, event_body
 from tests.support.apiserver import ApiServerDouble
@@ -225,11 +225,3 @@ print(loaded)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
     assert [e["reason"] for e in apiserver.events] == ["R"]
-
-
-def test_the_scan_of_the_manifests_reads_it_as_core_v1_api() -> None:
-    """Every public method of `RawCoreV1Api` is a `CoreV1Api` method of the same name, so
-    the RBAC check of `deploy/` (tests/integration/test_manifests.py) applies."""
-    methods = {m for m in vars(RawCoreV1Api) if not m.startswith("_")}
-    assert methods
-    assert all(callable(getattr(kubernetes.client.CoreV1Api, m, None)) for m in methods)
