@@ -51,7 +51,7 @@ from gas.core.allocator import (
 )
 from gas.core.answers import Answer
 from gas.core.cardmasks import BoolArray, MaskArray, lowest, pack, picked
-from gas.core.judgement import Judgement, judge_verdicts, shortages
+from gas.core.judgement import Judgement, Verdicts, judge_merged, shortages
 from gas.core.model import Allocation, NodeGpu, PodRequest, Usage
 
 BookView = tuple[Usage, Mapping[str, int], int]
@@ -116,7 +116,7 @@ class FreeBook:
         # question about the same names with nothing changed gets them again.
         self._changes = 0
         self._memo: tuple[Ask, int, IntArray, list[Answer | None], list[int]] | None = None
-        self._judged: tuple[Ask, int, IntArray, Judgement] | None = None
+        self._judged: tuple[Ask, int, IntArray, Verdicts, list[Answer], Judgement] | None = None
         # Changes of the nodes themselves (not their books), and for the last rows looked
         # up, at that count: their fewest usable cards and least capacity per column.
         self._node_changes = 0
@@ -440,33 +440,51 @@ class FreeBook:
         self._memo = (ask, self._changes, rows, found, left_out)
         return list(found), list(left_out)
 
-    def judge(self, ask: Ask, names: Sequence[str]) -> Judgement | None:
+    def judge(
+        self,
+        ask: Ask,
+        names: Sequence[str],
+        fit: Callable[[list[str]], Sequence[Answer]] | None = None,
+    ) -> Judgement | None:
         """What a filter answers of `decide`'s answers (`judgement.judge`), found without
-        an answer per name, when every one of `names` is known and regular and none is
-        left to `place`; None otherwise."""
+        an answer per name where the arrays decide. The names they leave (unknown, not
+        regular, or left to `place`) are answered by `fit`, given them in order; without
+        `fit`, None when any is left."""
         rows = self._lookup(names)
         memo = self._judged
+        kept: list[Answer] | None = None
+        judged: Judgement | None = None
         if memo is not None and memo[2] is rows and memo[1] == self._changes and memo[0] == ask:
-            return memo[3].copy()
+            part, kept, judged = memo[3], memo[4], memo[5]
+        else:
+            part = self._judge_part(ask, rows)
+        left = part.left
+        if left and fit is None:
+            return None
+        # The left names' answers are not followed by the change count (a node the arrays
+        # do not decide may change without it): the judgement kept is given again only
+        # for the same answers.
+        answers = list(fit([names[i] for i in left])) if left and fit is not None else []
+        if judged is None or answers != kept:
+            judged = judge_merged(names, part, answers)
+            self._judged = (ask, self._changes, rows, part, answers, judged)
+        return judged.copy()
+
+    def _judge_part(self, ask: Ask, rows: IntArray) -> Verdicts:
+        """The verdict of each row the arrays decide, and which they leave."""
         short = shortages(tuple(res for res, _ in ask.needs))
         if self._all_open(ask, rows):
             # The usual case: the usage decides every row, and refuses none unresolvably.
             verdicts = self._verdicts(ask, rows, short.names, 0)
-            judged = judge_verdicts(names, verdicts, short.rejections, short.texts)
-        else:
-            least = self._least
-            if least is None or least[2] is None:
-                return None  # a name unknown, or a node not regular
-            table: list[Rejection] = []
-            verdicts = self._static(ask, rows, table)  # _OPEN is -1, as a row that passes
-            if np.count_nonzero(verdicts == _LEFT):
-                return None
-            opened = (verdicts == _OPEN).nonzero()[0]
-            if len(opened):
-                verdicts[opened] = self._verdicts(ask, rows[opened], short.names, len(table))
-            judged = judge_verdicts(names, verdicts, [*table, *short.rejections])
-        self._judged = (ask, self._changes, rows, judged)
-        return judged.copy()
+            return Verdicts(verdicts, short.rejections, short.texts, [])
+        decided, where, code, table = self._static_each(ask, rows)
+        opened = (code == _OPEN).nonzero()[0]
+        if len(opened):
+            code[opened] = self._verdicts(ask, rows[where[opened]], short.names, len(table))
+        verdicts = np.full(len(rows), -1, np.int64)  # a left row's is given by its answer
+        verdicts[where] = code
+        left: list[int] = (~decided).nonzero()[0].tolist()
+        return Verdicts(verdicts, [*table, *short.rejections], None, left)
 
     def _verdicts(self, ask: Ask, rows: IntArray, reasons: list[str], base: int) -> IntArray:
         """First fit on `rows` (the static checks passed): -1 for a row that passes, else
@@ -483,14 +501,7 @@ class FreeBook:
     def _decide_each(self, ask: Ask, rows: IntArray) -> tuple[list[Answer | None], list[int]]:
         """`decide` where some rows are unknown, not regular, or refused whatever the
         usage."""
-        known = (rows >= 0).nonzero()[0]
-        decided = np.zeros(len(rows), np.bool_)
-        decided[known] = self._regular[rows[known]]
-        where = decided.nonzero()[0]
-        table: list[Rejection] = []
-        code = self._static(ask, rows[where], table)
-        left = code == _LEFT
-        decided[where[left]] = False
+        decided, where, code, table = self._static_each(ask, rows)
         out = np.empty(len(rows), object)
         fixed = code >= 0
         out[where[fixed]] = np.fromiter(table, object, len(table))[code[fixed]]
@@ -500,6 +511,21 @@ class FreeBook:
             out[where[undecided]] = np.fromiter(answers, object, len(answers))
         found: list[Answer | None] = out.tolist()
         return found, (~decided).nonzero()[0].tolist()
+
+    def _static_each(
+        self, ask: Ask, rows: IntArray
+    ) -> tuple[BoolArray, IntArray, IntArray, list[Rejection]]:
+        """`_static` on the rows known and regular: which rows the arrays decide (not
+        unknown, not regular, not `_LEFT`), the positions `_static` looked at, its codes
+        for them and its table."""
+        known = (rows >= 0).nonzero()[0]
+        decided = np.zeros(len(rows), np.bool_)
+        decided[known] = self._regular[rows[known]]
+        where = decided.nonzero()[0]
+        table: list[Rejection] = []
+        code = self._static(ask, rows[where], table)
+        decided[where[code == _LEFT]] = False
+        return decided, where, code, table
 
     def _lookup(self, names: Sequence[str]) -> IntArray:
         """The row of each name, -1 for names not known: the same array as last time when

@@ -87,6 +87,35 @@ def judge_verdicts(
     return Judgement(passed, failed, unresolvable, counts)
 
 
+class Verdicts(NamedTuple):
+    """What the arrays find of the names asked: a verdict for each (as `judge_verdicts`
+    reads them), the rejections they index and their reasons (when at hand), and the
+    positions of the names they leave, whose verdicts their answers give."""
+
+    verdicts: npt.NDArray[np.int64]
+    rejections: Sequence[Rejection]
+    texts: npt.NDArray[np.object_] | None
+    left: list[int]
+
+
+def judge_merged(
+    names: Sequence[str], part: Verdicts, answers: Sequence[Allocation | Rejection]
+) -> Judgement:
+    """The judgement of `names` from `part` and the answers for its left positions, in
+    their order: as `judge` of an answer for every name."""
+    if not part.left:
+        return judge_verdicts(names, part.verdicts, part.rejections, part.texts)
+    verdicts = part.verdicts.copy()
+    rejections = list(part.rejections)
+    for position, answer in zip(part.left, answers, strict=True):
+        if isinstance(answer, Rejection):
+            verdicts[position] = len(rejections)
+            rejections.append(answer)
+        else:
+            verdicts[position] = -1
+    return judge_verdicts(names, verdicts, rejections)
+
+
 class Shortages(NamedTuple):
     """What can keep the cards a pod asks for out, in sorted order (each resource it asks
     for, "blocked" for blocked cards); the rejection naming each, after the one for none

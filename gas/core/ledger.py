@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
@@ -296,18 +297,26 @@ class Ledger:
     ) -> Judgement:
         """What a filter answers of `check_names`: the names that pass, and the reason for
         each of the others. The arrays find it for the usual pod on nodes they decide
-        without an answer per node. Decided under one hold of the lock; only the reply to
-        answers per node is put together off it."""
+        without an answer per node; only the nodes they leave are fitted one by one.
+        Decided under one hold of the lock; only the reply to answers per node is put
+        together off it."""
         ask, shape = self._ask(request)
         with self._lock:
             own = self._own_pending(uid)
             # The pod's own uncertain bind makes its answer on that node its own.
             if ask is not None and own is None:
-                judged = self._free.judge(ask, names)
+                judged = self._free.judge(ask, names, functools.partial(self._fit_left, request))
                 if judged is not None:
                     return judged
             results = self._fit_names(request, names, own, ask, shape)
         return judge(names, results)
+
+    def _fit_left(self, request: PodRequest, names: list[str]) -> list[Allocation | Rejection]:
+        """The answers for the names the arrays leave when judging (`FreeBook.judge`),
+        with the lock held: fitted node by node, as `_decide` fits those `decide` leaves
+        (not through it: looking up only these names would drop the rows the arrays
+        keep for the names of the last filter)."""
+        return self._check_names(request, names, None, self._cache.answers(request_shape(request)))
 
     def _ask(self, request: PodRequest) -> tuple[Ask | None, Hashable]:
         """What the arrays need of `request` when they decide it (the shape None), else
