@@ -80,7 +80,20 @@ def judge_verdicts(
     refused_names = list(compress(names, refused.tolist()))
     if not any(r.unresolvable for r in rejections):
         return Judgement(passed, dict(zip(refused_names, reasons, strict=True)), {}, counts)
-    lasting = np.array([r.unresolvable for r in rejections], np.bool_)[which].tolist()
+    lasting_rows = np.array([r.unresolvable for r in rejections], np.bool_)[which]
+    few = lasting_rows.nonzero()[0].tolist()
+    if len(few) * _FEW_LASTING <= len(refused_names):
+        # Often a node or two with a lasting problem among thousands refused for want of
+        # room: those moved across rather than the refusals split in two passes. A name
+        # asked twice has one answer, so one reason in one of the two.
+        failed = dict(zip(refused_names, reasons, strict=True))
+        unresolvable = {}
+        for index in few:
+            name = refused_names[index]
+            failed.pop(name, None)
+            unresolvable[name] = reasons[index]
+        return Judgement(passed, failed, unresolvable, counts)
+    lasting = lasting_rows.tolist()
     pairs = zip(refused_names, reasons, strict=True)
     failed = dict(compress(pairs, map(operator.not_, lasting)))
     unresolvable = dict(compress(zip(refused_names, reasons, strict=True), lasting))
@@ -139,5 +152,7 @@ def shortages(resources: tuple[str, ...]) -> Shortages:
 
 
 _NOT_ENOUGH = Rejection(NOT_ENOUGH_CARDS, False)
+_FEW_LASTING = 16
+"""Lasting refusals at most one in this many of all: moved one by one (`judge_verdicts`)."""
 _REASON = attrgetter("reason")
 _UNRESOLVABLE = attrgetter("unresolvable")

@@ -7,14 +7,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import cast
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gas.core.allocator import Placement, Policy, Rejection
-from gas.core.answers import Answers
+from gas.core.answers import Answer, Answers
+from gas.core.freebook import FreeBook
 from gas.core.holdings import PodHolding
-from gas.core.judgement import judge
+from gas.core.judgement import Verdicts, judge, judge_merged, judge_verdicts
 from gas.core.ledger import Ledger
 from gas.core.model import I915, Allocation, NodeGpu, PodRequest
 from tests.unit.test_fast_paths import MEMORY, MILLICORES, nodes, reference
@@ -143,3 +145,63 @@ def test_a_left_node_that_changes_changes_the_judgement() -> None:
     ledger.set_node(odd_node("odd", "duplicate"))
     assert_judged_as_each(ledger, request, names)
     assert ledger.judge_names(request, names).passed == ["a", "odd"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    table=st.lists(
+        st.builds(Rejection, st.sampled_from(["short", "held", "broken", "gone"]), st.booleans()),
+        min_size=1,
+        max_size=5,
+    ),
+    picks=st.lists(st.integers(-3, 8), max_size=20),
+    copies=st.integers(0, 30),
+    lasting=st.integers(0, 4),
+    repeat=st.booleans(),
+)
+def test_verdicts_judged_as_answers(
+    table: list[Rejection], picks: list[int], copies: int, lasting: int, repeat: bool
+) -> None:
+    """`judge_verdicts` and `judge_merged` give what `judge` gives of the same answers,
+    whether lasting refusals are few among many (moved one by one) or not."""
+    rejections = [*table, Rejection("gpu: node labels are broken", True)]
+    # Mostly refusals, and up to four for a lasting node problem.
+    verdicts = [p % len(table) if p >= 0 else -1 for p in picks] * copies
+    verdicts[:lasting] = [len(table)] * min(lasting, len(verdicts))
+    names = [f"n{i}" for i in range(len(verdicts))]
+    if repeat and names:  # a name asked twice has one verdict
+        names.append(names[-1])
+        verdicts.append(verdicts[-1])
+    answers: list[Allocation | Rejection] = [
+        (("card0",),) if v < 0 else rejections[v] for v in verdicts
+    ]
+    expected = judge(names, answers)
+    array = np.array(verdicts, np.int64)
+    assert judge_verdicts(names, array, rejections) == expected
+    left = [i for i in range(len(names)) if i % 3 == 0]
+    marked = np.where(np.isin(np.arange(len(names)), left), -2, array)
+    part = Verdicts(marked, rejections, None, left)
+    assert judge_merged(names, part, [answers[i] for i in left]) == expected
+
+
+def test_kept_judgement_follows_the_left_answers() -> None:
+    """`FreeBook.judge` gives its last judgement again for the same names and ask with
+    nothing changed in the arrays only when the left names' answers are the same too (the
+    arrays do not follow the nodes they leave); without `fit`, None when any is left."""
+    free = FreeBook(Policy())
+    free.set_node(NodeGpu("a", ("card0",), {I915: 1, MEMORY: 8}), ({}, {}, 0))
+    ask = free.ask(plain_request(1, {MEMORY: 4}))
+    assert ask is not None
+    names = ["gone", "a", "later"]
+    fits = (("card0",),)
+    given_names: list[list[str]] = []
+    for answer in (Rejection("gpu: node is not known to gas", False), fits, fits):
+
+        def fit(left: list[str], answer: Allocation | Rejection = answer) -> list[Answer]:
+            given_names.append(left)
+            return [answer] * len(left)
+
+        assert free.judge(ask, names, fit) == judge(names, [answer, fits, answer])
+    assert given_names == [["gone", "later"]] * 3
+    assert free.judge(ask, names) is None
+    assert free.judge(ask, ["a"]) == judge(["a"], [fits])
