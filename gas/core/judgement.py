@@ -25,7 +25,8 @@ from gas.core.model import Allocation
 class Judgement(NamedTuple):
     """The names that pass; the reason for each other name, split into those that idle
     cards would not change (unresolvable) and the others (failed); and how many names
-    each reason was given for. Each in the order of the names asked about."""
+    each reason was given for. The names in the order they were asked about; the counts
+    in no set order."""
 
     passed: list[str]
     failed: dict[str, str]

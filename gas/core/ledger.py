@@ -145,6 +145,10 @@ class Ledger:
 
     def set_node(self, node: NodeGpu) -> None:
         with self._lock:
+            if self._nodes.get(node.name) == node:
+                # Most node events (status heartbeats) change nothing gas reads: the
+                # answers and arrays made for the node as it is stay.
+                return
             self._nodes[node.name] = node
             self._free.set_node(node, self._book_view(node.name))
 

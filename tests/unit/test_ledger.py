@@ -1210,3 +1210,19 @@ class LedgerMachine(RuleBasedStateMachine):
 # Each example is a whole run of up to 20 steps, so fewer runs than for the other properties.
 LedgerMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=20, deadline=None)
 test_ledger_invariants = LedgerMachine.TestCase
+
+
+def test_a_node_event_that_changes_nothing_keeps_the_nodes_kept_answers() -> None:
+    # Two GPU containers: a pod the kept answers decide, not the arrays.
+    ledger = ledger_with(make_node("n1", "0.1", i915="8", memory_max="32G"))
+    request = pod_request(
+        make_pod("a", ctr("x", i915="1", memory_max="2G"), ctr("y", i915="1", memory_max="2G"))
+    )
+    assert ledger.check(request, ["n1"]) == {"n1": (("card0",), ("card0",))}
+    fitted = count_fits(ledger)
+    ledger.set_node(node_of(make_node("n1", "0.1", i915="8", memory_max="32G")))  # equal
+    assert ledger.check(request, ["n1"]) == {"n1": (("card0",), ("card0",))}
+    assert fitted == []
+    ledger.set_node(node_of(make_node("n1", "0.1", i915="8", memory_max="16G")))  # smaller
+    assert ledger.check(request, ["n1"]) == {"n1": (("card0",), ("card0",))}
+    assert fitted == ["n1"]
