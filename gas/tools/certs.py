@@ -1,9 +1,11 @@
-"""`gas certs`: a small private PKI for gas and kube-scheduler.
+"""`gas certs`: a small private PKI for gas, kube-scheduler and the admission webhook.
 
 kube-scheduler can authenticate to an extender only with a client certificate, and it
 checks gas's server certificate only against a CA it is given. One private CA covers
 both directions: gas trusts it for client certificates (`--cacert`), kube-scheduler
-trusts it for the server certificate (`tlsConfig.caFile`).
+trusts it for the server certificate (`tlsConfig.caFile`). The same CA signs the
+webhook's serving certificate, and is the caBundle by which the API server checks it in
+the webhook configuration written next to it.
 """
 
 from __future__ import annotations
@@ -19,15 +21,33 @@ from dataclasses import dataclass
 # tlsConfig.serverName in extender-configuration/scheduler-config.yaml: gas's Service.
 SCHEDULER_SERVER_NAME = "gas-extender.gas-system.svc"
 DEFAULT_DNS = (SCHEDULER_SERVER_NAME, f"{SCHEDULER_SERVER_NAME}.cluster.local")
+# Always in gas's server certificate: in the scheduler profile kube-scheduler calls gas
+# over loopback in its own pod.
+LOOPBACK_DNS = ("localhost",)
+LOOPBACK_IPS = ("127.0.0.1",)
 # Where extender-configuration/scheduler-config.yaml expects kube-scheduler's files.
 NODE_CERT_DIR = "/etc/kubernetes/gas"
 CLIENT_COMMON_NAME = "kube-scheduler"
 CA_COMMON_NAME = "gas CA"
-FILE_NAMES = ("ca.crt", "ca.key", "tls.crt", "tls.key", "client.crt", "client.key")
+WEBHOOK_SECRET = "gas-webhook-tls"
+WEBHOOK_CONFIGURATION_FILE = "webhook-configuration.yaml"
+FILE_NAMES = (
+    "ca.crt",
+    "ca.key",
+    "tls.crt",
+    "tls.key",
+    "client.crt",
+    "client.key",
+    "webhook.crt",
+    "webhook.key",
+    WEBHOOK_CONFIGURATION_FILE,
+)
 MAX_DAYS = 36500
 
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _DNS_NAME = re.compile(rf"^(\*\.)?{_LABEL}(\.{_LABEL})*\.?$")
+# A namespace or Service name: an RFC 1123 label.
+_K8S_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
 class CertsError(Exception):
@@ -43,15 +63,25 @@ class Plan:
     ca_days: int
     key_type: str
     force: bool
+    webhook_namespace: str
+    webhook_service: str
 
     def path(self, name: str) -> str:
         return os.path.join(self.out, name)
 
+    @property
+    def webhook_dns(self) -> tuple[str, str]:
+        """The webhook Service's names, as the API server reaches it."""
+        name = f"{self.webhook_service}.{self.webhook_namespace}.svc"
+        return name, f"{name}.cluster.local"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-        "Generate a CA (ca.crt, ca.key), gas's server certificate (tls.crt, tls.key) and "
-        "kube-scheduler's client certificate (client.crt, client.key) in one directory."
+        "Generate a CA (ca.crt, ca.key), gas's server certificate (tls.crt, tls.key), "
+        "kube-scheduler's client certificate (client.crt, client.key), the admission "
+        "webhook's serving certificate (webhook.crt, webhook.key) and the webhook's "
+        f"configuration with its caBundle ({WEBHOOK_CONFIGURATION_FILE}) in one directory."
     )
     parser.add_argument("--out", required=True, metavar="DIR", help="directory to write into")
     parser.add_argument(
@@ -62,7 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=(
             "DNS names of gas's server certificate (default: "
             + ", ".join(DEFAULT_DNS)
-            + "); IP addresses given here are added as IP addresses"
+            + "; "
+            + ", ".join((*LOOPBACK_DNS, *LOOPBACK_IPS))
+            + " are always added); IP addresses given here are added as IP addresses"
         ),
     )
     parser.add_argument(
@@ -79,6 +111,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--caDays", type=int, default=3650, help="validity of the CA (3650)")
     parser.add_argument(
         "--keyType", choices=("ec", "rsa"), default="ec", help="ec (P-256, default) or rsa (2048)"
+    )
+    parser.add_argument(
+        "--webhookNamespace",
+        default="gas-system",
+        help="namespace of the webhook's Service (gas-system)",
+    )
+    parser.add_argument(
+        "--webhookService", default="gas-webhook", help="the webhook's Service (gas-webhook)"
     )
     parser.add_argument(
         "--force", action="store_true", help="overwrite files that already exist in --out"
@@ -115,6 +155,8 @@ def _plan(args: argparse.Namespace) -> Plan:
             ips.append(str(ipaddress.ip_address(address.strip().strip("[]"))))
         except ValueError:
             raise CertsError(f"--ip {address!r} is not an IP address") from None
+    dns.extend(LOOPBACK_DNS)
+    ips.extend(LOOPBACK_IPS)
     if not 1 <= args.days <= MAX_DAYS:
         raise CertsError(f"--days must be between 1 and {MAX_DAYS}, not {args.days}")
     if not 1 <= args.caDays <= MAX_DAYS:
@@ -122,6 +164,12 @@ def _plan(args: argparse.Namespace) -> Plan:
     if args.caDays < args.days:
         # Verification fails once the CA expires, whatever the leaf says.
         raise CertsError(f"--caDays ({args.caDays}) must be at least --days ({args.days})")
+    for flag, value in (
+        ("--webhookNamespace", args.webhookNamespace),
+        ("--webhookService", args.webhookService),
+    ):
+        if not _K8S_LABEL.match(value):
+            raise CertsError(f"{flag} {value!r} is not a valid Kubernetes name (RFC 1123 label)")
     return Plan(
         out=args.out,
         dns_names=tuple(dict.fromkeys(dns)),
@@ -130,6 +178,8 @@ def _plan(args: argparse.Namespace) -> Plan:
         ca_days=args.caDays,
         key_type=args.keyType,
         force=args.force,
+        webhook_namespace=args.webhookNamespace,
+        webhook_service=args.webhookService,
     )
 
 
@@ -148,6 +198,8 @@ def _check_targets(plan: Plan) -> None:
 
 
 def _generate(plan: Plan) -> list[tuple[str, str]]:
+    from cryptography.hazmat.primitives import serialization
+
     from gas.serving import tls
 
     key_type: tls.KeyType = "rsa" if plan.key_type == "rsa" else "ec"
@@ -172,6 +224,16 @@ def _generate(plan: Plan) -> list[tuple[str, str]]:
         days=plan.days,
         key_type=key_type,
     )
+    webhook_cert, webhook_key = tls.issue_certificate(
+        ca_cert,
+        ca_key,
+        plan.webhook_dns[0],
+        plan.webhook_dns,
+        server=True,
+        client=False,
+        days=plan.days,
+        key_type=key_type,
+    )
     names = ", ".join([*plan.dns_names, *plan.ip_addresses])
     until = server_cert.not_valid_after_utc.date().isoformat()
     outputs = [
@@ -185,14 +247,44 @@ def _generate(plan: Plan) -> list[tuple[str, str]]:
             client_cert,
             f"kube-scheduler's client certificate (CN {CLIENT_COMMON_NAME}), valid until {until}",
         ),
+        ("webhook.key", webhook_key, "the admission webhook's serving key"),
+        (
+            "webhook.crt",
+            webhook_cert,
+            f"the admission webhook's serving certificate for {', '.join(plan.webhook_dns)}, "
+            f"valid until {until}",
+        ),
     ]
+    ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
+    configuration = _webhook_configuration_yaml(plan, ca_pem)
     try:
         os.makedirs(plan.out, mode=0o700, exist_ok=True)
         for name, obj, _ in outputs:
             tls.write_pem(plan.path(name), obj)
+        with open(plan.path(WEBHOOK_CONFIGURATION_FILE), "w") as f:
+            f.write(configuration)
     except OSError as exc:
         raise CertsError(f"cannot write to {plan.out}: {exc.strerror or exc}") from None
-    return [(plan.path(name), what) for name, _, what in outputs]
+    written = [(plan.path(name), what) for name, _, what in outputs]
+    written.append(
+        (
+            plan.path(WEBHOOK_CONFIGURATION_FILE),
+            "the MutatingWebhookConfiguration gas-webhook, its caBundle this CA",
+        )
+    )
+    return written
+
+
+def _webhook_configuration_yaml(plan: Plan, ca_pem: bytes) -> str:
+    import yaml
+
+    from gas.tools.webhook_config import webhook_configuration
+
+    body = webhook_configuration(
+        ca_pem, namespace=plan.webhook_namespace, service=plan.webhook_service
+    )
+    text: str = yaml.safe_dump(body, sort_keys=False)
+    return text
 
 
 def _report(plan: Plan, written: list[tuple[str, str]]) -> None:
@@ -213,6 +305,20 @@ def _report(plan: Plan, written: list[tuple[str, str]]) -> None:
     print(f"   sudo install -d -m 0700 {NODE_CERT_DIR}")
     print(f"   sudo install -m 0644 {q['ca.crt']} {q['client.crt']} {NODE_CERT_DIR}/")
     print(f"   sudo install -m 0600 {q['client.key']} {NODE_CERT_DIR}/")
+    namespace = shlex.quote(plan.webhook_namespace)
+    print(
+        "3. Give the admission webhook its certificate (the Secret "
+        f"{WEBHOOK_SECRET} its Deployment mounts):"
+    )
+    print(
+        f"   kubectl -n {namespace} create secret tls {WEBHOOK_SECRET} "
+        f"--cert={q['webhook.crt']} --key={q['webhook.key']}"
+    )
+    print(
+        "4. Once the webhook runs, register it (until it answers, GPU pods are refused: "
+        "failurePolicy Fail):"
+    )
+    print(f"   kubectl apply -f {q[WEBHOOK_CONFIGURATION_FILE]}")
     if SCHEDULER_SERVER_NAME not in plan.dns_names:
         print(
             f"Note: the server certificate does not name {SCHEDULER_SERVER_NAME}; set "

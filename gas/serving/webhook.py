@@ -1,0 +1,99 @@
+"""`gas webhook`: the mutating admission webhook for GPU pods, over HTTPS.
+
+It sends GPU pods that name the default scheduler to gas's scheduler profile, and refuses
+at creation the GPU pods gas can never place, with the filter's reason. It holds no
+cluster state and needs no kubeconfig: each AdmissionReview carries the pod. The API
+server presents no client certificate to a webhook, so none is asked for; it verifies
+gas's certificate against the configuration's caBundle. See docs/webhook.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from gas.core.admission import GAS_SCHEDULER
+
+log = logging.getLogger("gas")
+
+DEFAULT_PORT = 9443
+# Longer than Go's 90 s idle timeout, so the API server, not gas, closes idle
+# connections: a review racing a server-side close would fail the pod's creation.
+KEEPALIVE_SECONDS = 120
+
+
+def _go_bool(value: str) -> bool:
+    lowered = value.lower()
+    if lowered in ("1", "t", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "f", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {value!r}")
+
+
+def _add_bool(parser: argparse.ArgumentParser, name: str, help_text: str) -> None:
+    # As gas serve's flags: `-flag` alone or `-flag=true|false`.
+    parser.add_argument(
+        name, nargs="?", const=True, default=False, type=_go_bool, metavar="BOOL", help=help_text
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Serve the admission webhook over HTTPS: GPU pods that name the default scheduler "
+        "get --schedulerName, GPU pods gas can never place are refused with the filter's "
+        "reason. No kubeconfig: each review carries its pod."
+    )
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="listen port (9443)")
+    parser.add_argument("--host", default="0.0.0.0", help="listen address (0.0.0.0)")
+    parser.add_argument("--cert", required=True, help="serving certificate (PEM)")
+    parser.add_argument("--key", required=True, help="serving private key (PEM)")
+    parser.add_argument(
+        "--schedulerName",
+        default=GAS_SCHEDULER,
+        help=f"the scheduler GPU pods are sent to ({GAS_SCHEDULER})",
+    )
+    _add_bool(
+        parser,
+        "--validateOnly",
+        "refuse GPU pods gas can never place, never change a pod's scheduler (kubeadm "
+        "installs, where gas extends the default scheduler)",
+    )
+    _add_bool(parser, "--enableAllowlist", "as gas serve's: a malformed gas-allow is refused")
+    _add_bool(parser, "--enableDenylist", "as gas serve's: a malformed gas-deny is refused")
+    parser.add_argument("--threads", type=int, default=4, help="request threads (4)")
+    parser.add_argument("--v", type=int, default=2, help="log verbosity: 0-3 info, 4+ debug")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gas.core.admission import Settings
+    from gas.core.allocator import Policy
+    from gas.serving import server
+    from gas.serving.tls import TLSConfigError
+    from gas.serving.webhook_app import create_app
+
+    name = args.schedulerName.strip()
+    if not name:
+        log.error("--schedulerName must not be empty")
+        return 2
+    settings = Settings(
+        scheduler_name=name,
+        validate_only=args.validateOnly,
+        policy=Policy(allowlist=args.enableAllowlist, denylist=args.enableDenylist),
+    )
+    server_settings = server.ServerSettings(
+        host=args.host,
+        port=args.port,
+        certfile=args.cert,
+        keyfile=args.key,
+        cafile=None,
+        threads=args.threads,
+        keepalive=KEEPALIVE_SECONDS,
+    )
+    mode = "validating only" if settings.validate_only else f"sending GPU pods to {name}"
+    log.info("gas webhook serving https://%s:%d (%s)", args.host, args.port, mode)
+    try:
+        server.serve(lambda: create_app(settings), server_settings)
+    except (TLSConfigError, ValueError) as exc:
+        log.error("gas webhook cannot start: %s", exc)
+        return 1
