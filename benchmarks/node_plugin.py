@@ -14,7 +14,7 @@ Memory is what an operator sees of the `gas node` process (`ps`, `top`; the kern
 once it has served every round's allocations (`rss_mib`, split into anonymous and
 file-backed pages, the latter mostly shared libraries), and the highest it ever was
 (`peak_rss_mib`, VmHWM). The process runs with the DaemonSet's environment
-(`MALLOC_ARENA_MAX`, read from deploy/node-daemonset.yaml).
+(`MALLOC_ARENA_MAX`, read from deploy/base/node-daemonset.yaml).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ I915 = "gpu.intel.com/i915"
 CARDS = 12
 HOLDING = 100
 PENDING = 10
-DAEMONSET = Path(__file__).resolve().parents[1] / "deploy" / "node-daemonset.yaml"
+DAEMONSET = Path(__file__).resolve().parents[1] / "deploy" / "base" / "node-daemonset.yaml"
 
 
 def _memory(pid: int) -> dict[str, float]:
