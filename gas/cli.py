@@ -186,6 +186,11 @@ COMMANDS = {
         "run the node agent: the kubelet device plugin that hands each container the cards "
         "gas chose, and the node's GPU labels and capacity",
     ),
+    "webhook": (
+        "gas.serving.webhook",
+        "serve the admission webhook: GPU pods sent to gas's scheduler, GPU pods gas can "
+        "never place refused at creation",
+    ),
 }
 
 
