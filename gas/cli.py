@@ -152,7 +152,29 @@ def build_parser() -> argparse.ArgumentParser:
         "--retryPeriod",
         type=_duration,
         default=2.0,
-        help="how often to renew or try to acquire the Lease (2s)",
+        help="how often to renew or try to acquire the Lease; with --schedulerLease, how "
+        "often to read it (2s)",
+    )
+    serve.add_argument(
+        "--schedulerLease",
+        default="",
+        metavar="NAME",
+        help="hold no election: answer the scheduler only while kube-scheduler's Lease NAME "
+        "(in --leaderElectNamespace) is held by the kube-scheduler of this pod (POD_NAME, "
+        "else the hostname) and has not run out; every synced replica is ready",
+    )
+    serve.add_argument(
+        "--healthPort",
+        type=int,
+        default=0,
+        help="also serve GET /healthz and /readyz over plain HTTP on this port, for kubelet "
+        "probes, which present no client certificate (0: off)",
+    )
+    serve.add_argument(
+        "--healthHost",
+        default="0.0.0.0",
+        help="listen address of --healthPort (0.0.0.0, so probes reach it at the pod's IP "
+        "whatever --host is)",
     )
 
     for name, (module_name, help_text) in COMMANDS.items():

@@ -1,9 +1,10 @@
 """Leader election on a `coordination.k8s.io/v1` Lease, with client-go's semantics.
 
 `Elector` runs the election over a `LeaseStore` (`KubeLeaseStore` on the API server), timed
-by this replica's monotonic clock alone; `LeaderGatedCluster` makes a follower unready, so it
-answers the scheduler with 503. The rules for taking, renewing, stepping down and releasing
-the Lease, and why: docs/high-availability.md.
+by this replica's monotonic clock alone; `LeaderGatedCluster` makes a follower answer the
+scheduler with 503 (and, in this mode, unready). `gas.cluster.follow` offers the same
+`Leadership` without an election of gas's own. The rules for taking, renewing, stepping
+down and releasing the Lease, and why: docs/high-availability.md.
 """
 
 from __future__ import annotations
@@ -112,6 +113,10 @@ class Elector:
         with self._lock:
             until = self._leader_until
         return until is not None and self._clock() < until
+
+    def may_answer(self) -> bool:
+        """`is_leader()`: the election's thread keeps it current."""
+        return self.is_leader()
 
     @property
     def identity(self) -> str:
@@ -330,11 +335,16 @@ def _record(lease: Mapping[str, Any]) -> LeaseRecord:
     )
 
 
+def pod_name() -> str:
+    """The pod's name: POD_NAME (from the downward API), else the hostname, which in a pod
+    is the pod's name unless the pod sets `spec.hostname`."""
+    return os.environ.get("POD_NAME", "").strip() or socket.gethostname()
+
+
 def default_identity() -> str:
-    """The pod's name (POD_NAME from the downward API, else the hostname), plus a random
-    suffix: a restarted container must not inherit its predecessor's leadership."""
-    base = os.environ.get("POD_NAME") or socket.gethostname() or "gas"
-    return f"{base}_{uuid.uuid4().hex[:8]}"
+    """The pod's name plus a random suffix: a restarted container must not inherit its
+    predecessor's leadership."""
+    return f"{pod_name() or 'gas'}_{uuid.uuid4().hex[:8]}"
 
 
 def default_namespace() -> str:
@@ -353,15 +363,40 @@ def default_namespace() -> str:
 # ---------------------------------------------------------------------- the gate
 
 
+class Leadership(Protocol):
+    """Whether this replica may answer the scheduler: `Elector` (an election of gas's own)
+    or `gas.cluster.follow.SchedulerLeaseFollower` (kube-scheduler's own Lease)."""
+
+    @property
+    def identity(self) -> str:
+        """Who this replica is, for logs."""
+
+    def is_leader(self) -> bool:
+        """Whether it leads now, from what it already knows (no I/O)."""
+
+    def may_answer(self) -> bool:
+        """Whether a verb that has just arrived may be answered; may ask the API server
+        first when `is_leader()` says no."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
 class LeaderGatedCluster:
     """A Cluster whose `synced()` is also false when this replica does not lead, so
-    filter, prioritize, preempt and bind answer 503 and /readyz fails on followers.
+    filter, prioritize, preempt and bind answer 503 on followers. `ready()` answers
+    /readyz: with `ready_when_following` it is the wrapped cluster's `synced()` (every
+    replica ready once synced), otherwise it is `synced()` (only the leader ready).
     Everything else is the wrapped cluster's: followers keep their ledger warm from the
     watch."""
 
-    def __init__(self, cluster: Any, elector: Elector) -> None:
+    def __init__(
+        self, cluster: Any, elector: Leadership, *, ready_when_following: bool = False
+    ) -> None:
         self._cluster = cluster
         self.elector = elector
+        self._ready_when_following = ready_when_following
 
     def start(self) -> None:
         self._cluster.start()
@@ -372,7 +407,14 @@ class LeaderGatedCluster:
         self._cluster.stop()
 
     def synced(self) -> bool:
-        return bool(self.elector.is_leader() and self._cluster.synced())
+        # The cluster first: leadership may cost a Lease read, which an unsynced replica
+        # has no use for.
+        return bool(self._cluster.synced() and self.elector.may_answer())
+
+    def ready(self) -> bool:
+        if self._ready_when_following:
+            return bool(self._cluster.synced())
+        return self.synced()
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         pod: dict[str, Any] | None = self._cluster.get_pod(namespace, name)
@@ -391,13 +433,15 @@ class LeaderGatedCluster:
 
 
 def leader_gauge(metrics: Any) -> Callable[[bool], None]:
-    """`gas_leader` (1 on the replica that holds the Lease) in the app's registry, and the
-    callback that keeps it up to date."""
+    """`gas_leader` (1 on the replica that leads) in the app's registry, and the callback
+    that keeps it up to date."""
     from prometheus_client import Gauge
 
     gauge = Gauge(
         "gas_leader",
-        "1 when this replica holds the gas-extender Lease (answers and is ready), else 0.",
+        "1 when this replica answers the scheduler's verbs: it holds the gas-extender Lease "
+        "(--leaderElect), or its pod's kube-scheduler holds the Lease it follows "
+        "(--schedulerLease); else 0.",
         registry=metrics.registry,
     )
     gauge.set(0)

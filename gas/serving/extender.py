@@ -54,13 +54,17 @@ def create_app(
     cluster: Cluster,
     options: Options | None = None,
     metrics: Metrics | None = None,
+    ready: Callable[[], bool] | None = None,
 ) -> Flask:
+    """The extender's app. `ready` answers /readyz (default: the verbs' own question,
+    whether the cluster is synced)."""
     options = options or Options()
     metrics = metrics or Metrics()
     metrics.watch_ledger(ledger)
     app = Flask("gas")
     app.config["MAX_CONTENT_LENGTH"] = options.max_request_bytes
-    face = _Face(Extender(ledger, cluster, options), ledger, metrics, app.config)
+    extender = Extender(ledger, cluster, options)
+    face = _Face(extender, ledger, metrics, app.config, ready or extender.synced)
     app.before_request(_start_clock)
     app.after_request(face.count)
     for rule, verb in routes.VERBS.items():
@@ -133,9 +137,15 @@ class _VerbResponse(Response):
 
 class _Face:
     def __init__(
-        self, extender: Extender, ledger: Ledger, metrics: Metrics, config: Mapping[str, Any]
+        self,
+        extender: Extender,
+        ledger: Ledger,
+        metrics: Metrics,
+        config: Mapping[str, Any],
+        ready: Callable[[], bool],
     ) -> None:
         self._extender = extender
+        self._ready = ready
         self._ledger = ledger
         self._metrics = metrics
         self._config = config
@@ -225,7 +235,7 @@ class _Face:
         return Response(self._metrics.exposition(), mimetype="text/plain; version=0.0.4")
 
     def readyz(self) -> Response:
-        if self._extender.synced():
+        if self._ready():
             return _json({"status": "ready"})
         return _json({"status": "not synced with the cluster"}, 503)
 

@@ -2,9 +2,10 @@
 
 Decided in the calling process, before gunicorn forks, so that a bad flag or file fails
 at once with a clear message: which cluster to serve (Kubernetes, or the built-in demo),
-the TLS files, leader election, the extender's options. Built in the worker, after the
-fork (threads do not survive it): the ledger, the cluster and its list+watch threads, the
-elector, the Flask app.
+the TLS files, leader election or the scheduler's Lease to follow, the extender's options,
+the health port's socket. Built in the worker, after the fork (threads do not survive it):
+the ledger, the cluster and its list+watch threads, the elector or follower, the Flask app,
+the health port's thread.
 """
 
 from __future__ import annotations
@@ -12,16 +13,24 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gas.cluster.demo import DemoCluster, load_demo_file
-from gas.cluster.leader import LEASE_NAME, ElectionConfig, default_identity, default_namespace
+from gas.cluster.leader import (
+    LEASE_NAME,
+    ElectionConfig,
+    LeaderGatedCluster,
+    default_identity,
+    default_namespace,
+    pod_name,
+)
 from gas.cluster.protocol import Cluster
 from gas.core.allocator import Policy
 from gas.core.ledger import Ledger
-from gas.serving import server, tls
+from gas.serving import health, server, tls
 from gas.serving.extender import create_app
 from gas.serving.metrics import Metrics
 from gas.serving.service import Options
@@ -29,7 +38,7 @@ from gas.serving.service import Options
 if TYPE_CHECKING:
     from flask import Flask
 
-    from gas.cluster.leader import Elector
+    from gas.cluster.leader import Leadership
 
 # The command's own logger: its messages read as `gas`'s, whichever module says them.
 log = logging.getLogger("gas")
@@ -48,6 +57,16 @@ class StartupError(Exception):
 
 
 @dataclass(frozen=True)
+class FollowPlan:
+    """--schedulerLease: the Lease kube-scheduler elects itself on, and this pod."""
+
+    lease: str
+    namespace: str
+    pod: str
+    retry_period: float
+
+
+@dataclass(frozen=True)
 class WorkerPlan:
     """What the gunicorn worker builds the extender from."""
 
@@ -58,6 +77,10 @@ class WorkerPlan:
     kubeconfig: str | None
     # Leader election and the Lease's namespace, or None for a single replica.
     election: tuple[ElectionConfig, str] | None
+    # The scheduler's Lease to follow instead, or None.
+    follow: FollowPlan | None = None
+    # The health port's listening socket (bound before the fork), or None.
+    health_socket: socket.socket | None = None
 
 
 def run(args: argparse.Namespace, version: str) -> int:
@@ -74,10 +97,20 @@ def run(args: argparse.Namespace, version: str) -> int:
             check_kubeconfig(kubeconfig)
         cert, key = tls_files(args, demo)
         election = election_config(args, demo)
+        follow = follow_config(args, demo)
+        health_socket = health_listener(args)
     except StartupError as exc:
         log.error("%s", exc)
         return exc.status
-    plan = WorkerPlan(extender_options(args), args.pendingGrace, demo_data, kubeconfig, election)
+    plan = WorkerPlan(
+        extender_options(args),
+        args.pendingGrace,
+        demo_data,
+        kubeconfig,
+        election,
+        follow,
+        health_socket,
+    )
     worker = Worker(plan)
     host = args.host or ("127.0.0.1" if demo else "0.0.0.0")
     scheme = "http" if args.unsafe else "https"
@@ -164,6 +197,47 @@ def election_config(args: argparse.Namespace, demo: bool) -> tuple[ElectionConfi
     return config, namespace
 
 
+def follow_config(args: argparse.Namespace, demo: bool) -> FollowPlan | None:
+    """With --schedulerLease: the Lease, its namespace and this pod's name."""
+    if not args.schedulerLease:
+        return None
+    if args.leaderElect:
+        raise StartupError(
+            "--schedulerLease and --leaderElect do not go together: with --schedulerLease "
+            "gas follows kube-scheduler's own election and holds none of its own",
+            2,
+        )
+    if demo:
+        raise StartupError("--schedulerLease needs a Kubernetes cluster, not the demo cluster", 2)
+    pod = pod_name()
+    if not pod:
+        raise StartupError("--schedulerLease needs this pod's name: set POD_NAME", 2)
+    namespace = args.leaderElectNamespace or default_namespace()
+    log.info(
+        "following kube-scheduler's Lease %s/%s: answering while it is held by %s_*",
+        namespace,
+        args.schedulerLease,
+        pod,
+    )
+    return FollowPlan(args.schedulerLease, namespace, pod, args.retryPeriod)
+
+
+def health_listener(args: argparse.Namespace) -> socket.socket | None:
+    """With --healthPort: its socket, bound now so that a port in use fails at start."""
+    if not args.healthPort:
+        return None
+    try:
+        sock = health.listen(args.healthHost, args.healthPort)
+    except ValueError as exc:
+        raise StartupError(str(exc), 2) from None
+    except OSError as exc:
+        raise StartupError(
+            f"cannot listen on the health port {args.healthHost}:{args.healthPort}: {exc}", 1
+        ) from None
+    log.info("health port: http://%s:%d (GET /healthz, /readyz)", args.healthHost, args.healthPort)
+    return sock
+
+
 def extender_options(args: argparse.Namespace) -> Options:
     return Options(
         max_request_bytes=args.maxRequestBytes,
@@ -178,12 +252,13 @@ def extender_options(args: argparse.Namespace) -> Options:
 
 
 class Worker:
-    """Builds the extender in the gunicorn worker, and stops its elector when the worker
-    exits."""
+    """Builds the extender in the gunicorn worker, and stops its elector (or follower) and
+    health port when the worker exits."""
 
     def __init__(self, plan: WorkerPlan) -> None:
         self._plan = plan
-        self._electors: list[Elector] = []
+        self._electors: list[Leadership] = []
+        self._health: list[health.HealthServer] = []
 
     def build_app(self) -> Flask:
         # Runs in the gunicorn worker, where the ledger and its sync threads must live.
@@ -192,7 +267,13 @@ class Worker:
         metrics = Metrics()
         cluster = self._cluster(ledger, metrics)
         cluster.start()
-        return create_app(ledger, cluster, plan.options, metrics)
+        ready = cluster.ready if isinstance(cluster, LeaderGatedCluster) else None
+        app = create_app(ledger, cluster, plan.options, metrics, ready)
+        if plan.health_socket is not None:
+            health_server = health.HealthServer(plan.health_socket, app.wsgi_app)
+            health_server.start()
+            self._health.append(health_server)
+        return app
 
     def _cluster(self, ledger: Ledger, metrics: Metrics) -> Cluster:
         plan = self._plan
@@ -202,9 +283,11 @@ class Worker:
 
         api_client = load_api_client(plan.kubeconfig)
         cluster = KubeCluster(ledger, api_client, metrics.sync)
+        if plan.follow is not None:
+            return self._follower(cluster, api_client, plan.follow, metrics)
         if plan.election is None:
             return cluster
-        from gas.cluster.leader import Elector, KubeLeaseStore, LeaderGatedCluster, leader_gauge
+        from gas.cluster.leader import Elector, KubeLeaseStore, leader_gauge
 
         config, namespace = plan.election
         store = KubeLeaseStore(api_client, namespace, LEASE_NAME, config.renew_deadline)
@@ -212,8 +295,29 @@ class Worker:
         self._electors.append(elector)
         return LeaderGatedCluster(cluster, elector)
 
+    def _follower(
+        self, cluster: Cluster, api_client: Any, follow: FollowPlan, metrics: Metrics
+    ) -> LeaderGatedCluster:
+        from gas.cluster.follow import SchedulerLeaseFollower
+        from gas.cluster.leader import KubeLeaseStore, leader_gauge
+
+        store = KubeLeaseStore(api_client, follow.namespace, follow.lease, follow.retry_period)
+        follower = SchedulerLeaseFollower(
+            store,
+            follow.pod,
+            lease=f"{follow.namespace}/{follow.lease}",
+            retry_period=follow.retry_period,
+            on_change=leader_gauge(metrics),
+        )
+        self._electors.append(follower)
+        # Every synced replica is ready: kube-scheduler's pods are Ready whoever leads, and
+        # a rollout waits on that.
+        return LeaderGatedCluster(cluster, follower, ready_when_following=True)
+
     def stop(self) -> None:
-        # After the last request: step down and give the Lease up, so a follower takes
-        # over at once rather than after leaseDuration.
+        # After the last request: step down (an elector gives the Lease up, so a follower
+        # takes over at once rather than after leaseDuration).
         for elector in self._electors:
             elector.stop()
+        for health_server in self._health:
+            health_server.stop()
