@@ -3,6 +3,7 @@ rules kube-scheduler, kustomize and the API server apply to them."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import re
 import shutil
@@ -100,20 +101,35 @@ WORKLOAD_KINDS = {"Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job"}
 # In deploy/ but applied on its own (`kubectl apply -f`), not by the kustomization: the
 # label-only labeller, for clusters where another component hands out the devices.
 OPTIONAL_MANIFESTS = {"labeler-daemonset.yaml"}
+# The two ways of installing: the kubeadm way (gas inside the default scheduler) and any
+# cluster (a scheduler of gas's own); deploy/base is what they share.
+KUBEADM = DEPLOY
+ANY_CLUSTER = DEPLOY / "any-cluster"
+BASE = DEPLOY / "base"
+KUSTOMIZATIONS = (KUBEADM, BASE, ANY_CLUSTER)
+# Namespaced objects outside gas-system: kube-scheduler's authentication delegation reads a
+# ConfigMap of kube-system, and the Role that allows it lives there.
+KUBE_SYSTEM_OBJECTS = {("RoleBinding", "gas-scheduler-authentication-reader")}
 
 
 def load_all(path: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
-def manifest_files() -> list[Path]:
-    return sorted(p for p in DEPLOY.glob("*.yaml") if p != KUSTOMIZATION)
+def manifest_files(directory: Path | None = None) -> list[Path]:
+    """The manifests of one kustomization's folder, or of all deploy/ (every folder)."""
+    paths = directory.glob("*.yaml") if directory is not None else DEPLOY.rglob("*.yaml")
+    return sorted(p for p in paths if p.name != "kustomization.yaml")
+
+
+def _label(path: Path) -> str:
+    return str(path.relative_to(DEPLOY))
 
 
 def all_documents() -> Iterator[tuple[str, int, dict[str, Any]]]:
     for path in manifest_files():
         for index, doc in enumerate(load_all(path)):
-            yield path.name, index, doc
+            yield _label(path), index, doc
 
 
 def find(kind: str, name: str) -> dict[str, Any]:
@@ -121,6 +137,37 @@ def find(kind: str, name: str) -> dict[str, Any]:
         d for _, _, d in all_documents() if d["kind"] == kind and d["metadata"]["name"] == name
     ]
     assert len(found) == 1, f"{kind} {name}: {len(found)} documents in deploy/"
+    return found[0]
+
+
+def kustomization_of(directory: Path) -> dict[str, Any]:
+    (document,) = load_all(directory / "kustomization.yaml")
+    return document
+
+
+def way_files(directory: Path) -> list[Path]:
+    """The files a kustomization applies: its resources, folders (bases) followed."""
+    files: list[Path] = []
+    for resource in kustomization_of(directory)["resources"]:
+        path = (directory / resource).resolve()
+        files.extend(way_files(path) if path.is_dir() else [path])
+    return files
+
+
+def way_documents(directory: Path) -> list[dict[str, Any]]:
+    """What `kubectl kustomize directory` builds, as these tests understand kustomize: the
+    documents of its files, images set by its `images` entries."""
+    kustomization = kustomization_of(directory)
+    return [
+        _kustomized(doc, kustomization) for path in way_files(directory) for doc in load_all(path)
+    ]
+
+
+def way_find(directory: Path, kind: str, name: str) -> dict[str, Any]:
+    found = [
+        d for d in way_documents(directory) if d["kind"] == kind and d["metadata"]["name"] == name
+    ]
+    assert len(found) == 1, f"{kind} {name}: {len(found)} documents in {_label(directory)}"
     return found[0]
 
 
@@ -132,18 +179,35 @@ def scheduler_config() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def kustomization() -> dict[str, Any]:
-    (document,) = load_all(KUSTOMIZATION)
-    return document
+    return kustomization_of(KUBEADM)
+
+
+PROFILE_KEY = "config.yaml"
+
+
+def profile_config() -> dict[str, Any]:
+    """The any-cluster scheduler's KubeSchedulerConfiguration, from its ConfigMap."""
+    config_map = find("ConfigMap", "gas-scheduler-config")
+    config: dict[str, Any] = yaml.safe_load(config_map["data"][PROFILE_KEY])
+    return config
+
+
+@pytest.fixture(scope="module", params=["kubeadm", "any-cluster"])
+def either_config(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """Each shipped KubeSchedulerConfiguration that registers gas."""
+    if request.param == "kubeadm":
+        (config,) = load_all(ROOT / "extender-configuration" / "scheduler-config.yaml")
+        return config
+    return profile_config()
 
 
 # ------------------------------------------------------------------ scheduler configuration
 
 
-def test_scheduler_config_is_valid_v1(scheduler_config: dict[str, Any]) -> None:
-    assert scheduler_config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
-    assert scheduler_config["kind"] == "KubeSchedulerConfiguration"
-    assert scheduler_config["clientConnection"]["kubeconfig"]
-    (extender,) = scheduler_config["extenders"]
+def test_scheduler_config_is_valid_v1(either_config: dict[str, Any]) -> None:
+    assert either_config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert either_config["kind"] == "KubeSchedulerConfiguration"
+    (extender,) = either_config["extenders"]
     assert set(extender) <= V1_EXTENDER_FIELDS
     assert set(extender["tlsConfig"]) <= TLS_FIELDS
     assert DURATION.match(extender["httpTimeout"])
@@ -157,17 +221,21 @@ def test_scheduler_config_is_valid_v1(scheduler_config: dict[str, Any]) -> None:
     assert "prioritizeVerb" not in extender or extender.get("weight", 0) > 0
 
 
-def test_scheduler_config_verbs_are_routes_gas_serves(scheduler_config: dict[str, Any]) -> None:
+def test_scheduler_config_verbs_are_routes_gas_serves(either_config: dict[str, Any]) -> None:
     ledger = Ledger()
     app = create_app(ledger, DemoCluster(ledger, load_demo_file(None)))
     routes = {rule.rule: rule.methods or set() for rule in app.url_map.iter_rules()}
-    (extender,) = scheduler_config["extenders"]
+    (extender,) = either_config["extenders"]
     for verb in ("filterVerb", "prioritizeVerb", "preemptVerb", "bindVerb"):
         path = urlparse(extender["urlPrefix"].rstrip("/") + "/" + extender[verb]).path
         assert "POST" in routes[path], path
 
 
-def test_scheduler_config_points_at_the_service(scheduler_config: dict[str, Any]) -> None:
+def test_kubeadm_scheduler_config_points_at_the_service(
+    scheduler_config: dict[str, Any],
+) -> None:
+    # A static pod has no in-cluster configuration: the kubeconfig must be named.
+    assert scheduler_config["clientConnection"]["kubeconfig"]
     (extender,) = scheduler_config["extenders"]
     url = urlparse(extender["urlPrefix"])
     service = find("Service", "gas-extender")
@@ -204,16 +272,20 @@ def test_every_manifest_matches_the_api_schema(doc: dict[str, Any]) -> None:
     assert client.ApiClient().sanitize_for_serialization(parsed) == doc
 
 
-def test_manifests_name_their_namespace(kustomization: dict[str, Any]) -> None:
+def test_manifests_name_their_namespace() -> None:
     """Namespaced objects carry the namespace themselves, so kustomize's namespace field
     changes nothing and each file also works with `kubectl apply -f`."""
     assert find("Namespace", NAMESPACE)
-    assert kustomization["namespace"] == NAMESPACE
+    assert kustomization_of(KUBEADM)["namespace"] == NAMESPACE
+    # Unset: kustomize would move the kube-system RoleBinding into gas-system.
+    assert "namespace" not in kustomization_of(ANY_CLUSTER)
     for file, _, doc in all_documents():
         namespace = doc["metadata"].get("namespace")
         what = f"{file}: {doc['kind']} {doc['metadata']['name']}"
         if doc["kind"] in CLUSTER_SCOPED_KINDS:
             assert namespace is None, what
+        elif (doc["kind"], doc["metadata"]["name"]) in KUBE_SYSTEM_OBJECTS:
+            assert namespace == "kube-system", what
         else:
             assert namespace == NAMESPACE, what
         for subject in doc.get("subjects") or []:
@@ -222,6 +294,8 @@ def test_manifests_name_their_namespace(kustomization: dict[str, Any]) -> None:
 
 
 def test_no_two_documents_name_the_same_object() -> None:
+    """Across both ways too: an object of one way applied over the other's would change
+    it silently."""
     seen: dict[tuple[str, str, str], str] = {}
     for file, _, doc in all_documents():
         key = (doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"])
@@ -229,35 +303,59 @@ def test_no_two_documents_name_the_same_object() -> None:
         seen[key] = file
 
 
-# ------------------------------------------------------------------ kustomization
+# ------------------------------------------------------------------ kustomizations
 
 
-def test_kustomization_lists_every_manifest(kustomization: dict[str, Any]) -> None:
-    resources = kustomization["resources"]
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=_label)
+def test_kustomization_lists_every_manifest(directory: Path) -> None:
+    resources = kustomization_of(directory)["resources"]
     assert len(resources) == len(set(resources)), "a file is listed twice"
-    on_disk = {path.name for path in manifest_files()}
-    assert set(resources) - on_disk == set(), "listed but missing: kubectl apply -k would fail"
-    assert on_disk - set(resources) == OPTIONAL_MANIFESTS, (
-        "in deploy/ but not applied by the kustomization"
-    )
-    assert {
-        "namespace.yaml",
-        "rbac.yaml",
-        "deployment.yaml",
-        "service.yaml",
-        "pdb.yaml",
-        "node-daemonset.yaml",
-    } <= set(resources)
+    files = {r for r in resources if not (directory / r).is_dir()}
+    on_disk = {path.name for path in manifest_files(directory)}
+    assert files - on_disk == set(), "listed but missing: kubectl apply -k would fail"
+    optional = OPTIONAL_MANIFESTS if directory == KUBEADM else set()
+    assert on_disk - files == optional, "in deploy/ but not applied by the kustomization"
 
 
-def test_kustomization_is_well_formed(kustomization: dict[str, Any]) -> None:
+def test_each_way_installs_what_it_needs() -> None:
+    shared = {"base/namespace.yaml", "base/gas-role.yaml", "base/node-daemonset.yaml"}
+    kubeadm = {_label(p) for p in way_files(KUBEADM)}
+    assert kubeadm == shared | {"rbac.yaml", "deployment.yaml", "service.yaml", "pdb.yaml"}
+    any_cluster = {_label(p) for p in way_files(ANY_CLUSTER)}
+    assert any_cluster == shared | {
+        f"any-cluster/{name}"
+        for name in (
+            "rbac.yaml",
+            "scheduler-config.yaml",
+            "deployment.yaml",
+            "webhook.yaml",
+            "pdb.yaml",
+        )
+    }
+    # Every manifest belongs to a way, or is the optional labeller.
+    assert {_label(p) for p in manifest_files()} == kubeadm | any_cluster | OPTIONAL_MANIFESTS
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=_label)
+def test_kustomization_is_well_formed(directory: Path) -> None:
+    kustomization = kustomization_of(directory)
     assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
     assert kustomization["kind"] == "Kustomization"
     assert set(kustomization) <= KUSTOMIZATION_FIELDS
     for resource in kustomization["resources"]:
-        assert not Path(resource).is_absolute() and ".." not in Path(resource).parts, resource
+        path = Path(resource)
+        assert not path.is_absolute(), resource
+        # kustomize loads no file from outside the kustomization's folder; only a folder
+        # holding a kustomization of its own (a base) may be elsewhere.
+        if ".." in path.parts:
+            assert (directory / path / "kustomization.yaml").is_file(), resource
     # An `images` entry that matches no container would leave the real image untouched.
-    repositories = {_image_name(image) for image in _container_images()}
+    repositories = {
+        _image_name(c["image"])
+        for p in way_files(directory)
+        for d in load_all(p)
+        for c in _containers(d)
+    }
     for entry in kustomization.get("images") or []:
         assert set(entry) <= {"name", "newName", "newTag", "digest"}
         assert entry["name"] in repositories, entry
@@ -268,10 +366,6 @@ def _containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
         return []
     spec = doc["spec"]["template"]["spec"]
     return list(spec.get("initContainers") or []) + list(spec["containers"])
-
-
-def _container_images() -> list[str]:
-    return [c["image"] for _, _, doc in all_documents() for c in _containers(doc)]
 
 
 def _image_name(image: str) -> str:
@@ -291,23 +385,51 @@ def _kustomized(doc: dict[str, Any], kustomization: dict[str, Any]) -> dict[str,
     return doc
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
-def test_kubectl_kustomize_builds_exactly_the_files(kustomization: dict[str, Any]) -> None:
+def kubectl() -> str | None:
+    """The real kubectl (v1.28, kustomize v5) of ../shared/k8s, else one on PATH."""
+    from tests.support import realk8s
+
+    if realk8s.missing() is None:
+        return str(realk8s.binary("kubectl"))
+    return shutil.which("kubectl")
+
+
+def kustomize_build(directory: Path) -> list[dict[str, Any]]:
+    command = kubectl()
+    if command is None:
+        pytest.skip("no kubectl: neither ../shared/k8s nor one on PATH")
     result = subprocess.run(
-        ["kubectl", "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=120
+        [command, "kustomize", str(directory)], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
-    built = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-    expected = [
-        _kustomized(doc, kustomization)
-        for file, _, doc in all_documents()
-        if file not in OPTIONAL_MANIFESTS
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def _key(doc: dict[str, Any]) -> tuple[str, str, str]:
+    return (doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"])
+
+
+@pytest.mark.parametrize("directory", [KUBEADM, ANY_CLUSTER], ids=_label)
+def test_kubectl_kustomize_builds_exactly_the_files(directory: Path) -> None:
+    built = kustomize_build(directory)
+    assert sorted(built, key=_key) == sorted(way_documents(directory), key=_key)
+
+
+def test_kustomize_sets_the_kube_scheduler_image_from_the_kustomization() -> None:
+    (entry,) = [
+        e
+        for e in kustomization_of(ANY_CLUSTER)["images"]
+        if e["name"] == "registry.k8s.io/kube-scheduler"
     ]
-
-    def key(doc: dict[str, Any]) -> tuple[str, str, str]:
-        return (doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"])
-
-    assert sorted(built, key=key) == sorted(expected, key=key)
+    built = kustomize_build(ANY_CLUSTER)
+    (deployment,) = [d for d in built if _key(d) == ("Deployment", NAMESPACE, "gas-scheduler")]
+    images = {c["name"]: c["image"] for c in _containers(deployment)}
+    assert images["kube-scheduler"] == f"registry.k8s.io/kube-scheduler:{entry['newTag']}"
+    # The tag the manifest names is the entry's: the file alone (kubectl apply -f) runs it.
+    assert (
+        find("Deployment", "gas-scheduler")["spec"]["template"]["spec"]["containers"][0]["image"]
+        == images["kube-scheduler"]
+    )
 
 
 # ------------------------------------------------------------------ the gas workload
@@ -331,11 +453,16 @@ def test_deployment_runs_hardened_replicas_with_leader_election() -> None:
     assert gas["securityContext"]["readOnlyRootFilesystem"] is True
     assert gas["securityContext"]["allowPrivilegeEscalation"] is False
     assert gas["resources"]["requests"]["cpu"] and gas["resources"]["requests"]["memory"]
+    # The kubelet's probes present no client certificate: a probe of the mutual-TLS port
+    # could never succeed, so they go to the plain health port.
     for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
         get = gas[probe]["httpGet"]
-        assert (get["path"], get["scheme"], get["port"]) == (path, "HTTPS", "https")
-    assert gas["ports"] == [{"name": "https", "containerPort": 9001}]
-    assert "--leaderElect" in gas["args"]
+        assert (get["path"], get["scheme"], get["port"]) == (path, "HTTP", "health")
+    assert gas["ports"] == [
+        {"name": "https", "containerPort": 9001},
+        {"name": "health", "containerPort": 9002},
+    ]
+    assert "--leaderElect" in gas["args"] and "--healthPort=9002" in gas["args"]
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in gas["env"]}
     assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
     (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
@@ -358,6 +485,7 @@ def test_deployment_serves_the_tls_secret() -> None:
         "cert": f"{directory}/tls.crt",
         "key": f"{directory}/tls.key",
         "cacert": f"{directory}/ca.crt",
+        "healthPort": "9002",
     }
 
 
@@ -394,6 +522,242 @@ def test_disruption_budget_never_blocks_a_drain() -> None:
         assert replicas - spec["maxUnavailable"] < ready
     else:
         assert isinstance(spec["minAvailable"], int) and spec["minAvailable"] < ready
+
+
+# ------------------------------------------------------------------ the any-cluster scheduler
+
+
+def _scheduler_pod() -> dict[str, Any]:
+    pod: dict[str, Any] = find("Deployment", "gas-scheduler")["spec"]["template"]["spec"]
+    return pod
+
+
+def _container(name: str) -> dict[str, Any]:
+    (found,) = [c for c in _scheduler_pod()["containers"] if c["name"] == name]
+    return found
+
+
+def _flags(args: list[str]) -> dict[str, str]:
+    return dict(arg.removeprefix("--").split("=", 1) for arg in args if "=" in arg)
+
+
+def _mounted_files(container: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """Every file a container sees from a Secret or ConfigMap: path -> (object, key)."""
+    volumes = {v["name"]: v for v in _scheduler_pod()["volumes"]}
+    files: dict[str, tuple[str, str]] = {}
+    for mount in container["volumeMounts"]:
+        volume = volumes[mount["name"]]
+        source = volume.get("secret") or volume.get("configMap")
+        if source is None:
+            continue
+        name = source.get("secretName") or source["name"]
+        keys = {i["path"]: i["key"] for i in source.get("items") or []}
+        if not keys:
+            keys = {k: k for k in _keys_of(name)}
+        for path, key in keys.items():
+            files[f"{mount['mountPath'].rstrip('/')}/{path}"] = (name, key)
+    return files
+
+
+def _keys_of(name: str) -> set[str]:
+    if name == "gas-scheduler-config":
+        return set(find("ConfigMap", name)["data"])
+    # The Secrets come from `gas certs`: tls.crt and tls.key in a TLS Secret.
+    return {"tls.crt", "tls.key"}
+
+
+def test_scheduler_deployment_runs_two_hardened_pods_spread_over_nodes() -> None:
+    deployment = find("Deployment", "gas-scheduler")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 2
+    # Every pod is Ready (readiness is not leadership): a rollout can wait for each.
+    assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    labels = spec["template"]["metadata"]["labels"]
+    assert _selects(spec["selector"]["matchLabels"], labels)
+    pod = _scheduler_pod()
+    assert pod["serviceAccountName"] == "gas-scheduler"
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert _selects(term["podAffinityTerm"]["labelSelector"]["matchLabels"], labels)
+    assert [c["name"] for c in pod["containers"]] == ["kube-scheduler", "gas", "webhook"]
+    security = pod["securityContext"]
+    assert security["runAsNonRoot"] is True and security["runAsUser"] != 0
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert not pod.get("hostNetwork")
+    for container in pod["containers"]:
+        assert container["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        }, container["name"]
+        requests = container["resources"]["requests"]
+        assert requests["cpu"] and requests["memory"], container["name"]
+        assert container["resources"]["limits"]["memory"], container["name"]
+        # Every mount of a Secret or ConfigMap is read-only.
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for mount in container["volumeMounts"]:
+            if "emptyDir" not in volumes[mount["name"]]:
+                assert mount["readOnly"] is True, (container["name"], mount)
+
+
+def test_kube_scheduler_runs_the_profile_from_its_config_map() -> None:
+    scheduler = _container("kube-scheduler")
+    assert _image_name(scheduler["image"]) == "registry.k8s.io/kube-scheduler"
+    assert scheduler["command"][0] == "kube-scheduler"
+    flags = _flags(scheduler["command"][1:])
+    files = _mounted_files(scheduler)
+    assert files[flags["config"]] == ("gas-scheduler-config", PROFILE_KEY)
+    # The files its extender entry names are there, from the Secret of `gas certs`.
+    tls = profile_config()["extenders"][0]["tlsConfig"]
+    assert files[tls["caFile"]] == ("gas-tls", "ca.crt")
+    assert files[tls["certFile"]] == ("gas-tls", "client.crt")
+    assert files[tls["keyFile"]] == ("gas-tls", "client.key")
+    # Probed as kubeadm probes its static pod: /healthz of its own HTTPS port, which
+    # answers without credentials; no readiness probe (a standby scheduler is healthy).
+    (port,) = scheduler["ports"]
+    assert port == {"name": "scheduler", "containerPort": 10259}
+    for probe in ("startupProbe", "livenessProbe"):
+        get = scheduler[probe]["httpGet"]
+        assert (get["path"], get["port"], get["scheme"]) == ("/healthz", "scheduler", "HTTPS")
+        assert "host" not in get
+    assert "readinessProbe" not in scheduler
+
+
+def test_profile_is_gas_scheduler_with_its_own_lease_and_gas_on_loopback() -> None:
+    config = profile_config()
+    (profile,) = config["profiles"]
+    assert profile["schedulerName"] == "gas-scheduler"
+    # In the pod, the ServiceAccount's in-cluster configuration.
+    assert config["clientConnection"]["kubeconfig"] == ""
+    assert config["clientConnection"]["qps"] >= 100
+    assert config["clientConnection"]["burst"] >= 2 * config["clientConnection"]["qps"]
+    assert config["leaderElection"] == {
+        "leaderElect": True,
+        "resourceLock": "leases",
+        "resourceNamespace": NAMESPACE,
+        "resourceName": LEASES["gas-scheduler"],
+    }
+    (extender,) = config["extenders"]
+    url = urlparse(extender["urlPrefix"])
+    gas = _flags(_container("gas")["args"])
+    assert (url.hostname, url.port) == (gas["host"], int(gas["port"])) == ("127.0.0.1", 9001)
+    assert {extender[v] for v in ("filterVerb", "prioritizeVerb", "preemptVerb", "bindVerb")} == {
+        "filter",
+        "prioritize",
+        "preempt",
+        "bind",
+    }
+    assert extender["ignorable"] is False and extender["enableHTTPS"] is True
+    # The name gas's certificate from `gas certs` carries.
+    from gas.tools.certs import DEFAULT_DNS
+
+    assert extender["tlsConfig"]["serverName"] in DEFAULT_DNS
+
+
+def test_gas_follows_the_schedulers_lease_and_is_probed_on_its_health_port() -> None:
+    gas = _container("gas")
+    assert gas["args"][0] == "serve"
+    flags = _flags(gas["args"])
+    assert "--leaderElect" not in gas["args"]
+    assert flags["schedulerLease"] == profile_config()["leaderElection"]["resourceName"]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in gas["env"]}
+    # kube-scheduler's identity starts with the hostname, which is the pod's name.
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    files = _mounted_files(gas)
+    assert files[flags["cert"]] == ("gas-tls", "tls.crt")
+    assert files[flags["key"]] == ("gas-tls", "tls.key")
+    assert files[flags["cacert"]] == ("gas-tls", "ca.crt")
+    assert not any(key == "client.key" for _, key in files.values())
+    (port,) = gas["ports"]
+    assert port == {"name": "health", "containerPort": int(flags["healthPort"])}
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        get = gas[probe]["httpGet"]
+        assert (get["path"], get["scheme"], get["port"]) == (path, "HTTP", "health")
+
+
+def test_webhook_container_serves_the_service_with_its_own_certificate() -> None:
+    webhook = _container("webhook")
+    assert webhook["args"][0] == "webhook"
+    flags = _flags(webhook["args"])
+    assert flags["schedulerName"] == profile_config()["profiles"][0]["schedulerName"]
+    files = _mounted_files(webhook)
+    assert files[flags["cert"]] == ("gas-webhook-tls", "tls.crt")
+    assert files[flags["key"]] == ("gas-webhook-tls", "tls.key")
+    assert not any(name == "gas-tls" for name, _ in files.values())
+    (port,) = webhook["ports"]
+    assert port == {"name": "webhook", "containerPort": int(flags["port"])}
+    # The webhook asks no client certificate, so HTTPS probes work.
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        get = webhook[probe]["httpGet"]
+        assert (get["path"], get["scheme"], get["port"]) == (path, "HTTPS", "webhook")
+    service = find("Service", "gas-webhook")
+    (service_port,) = service["spec"]["ports"]
+    assert (service_port["port"], service_port["targetPort"]) == (443, "webhook")
+    labels = find("Deployment", "gas-scheduler")["spec"]["template"]["metadata"]["labels"]
+    assert _selects(service["spec"]["selector"], labels)
+
+
+def test_scheduler_pods_arguments_are_the_commands_flags() -> None:
+    from gas.cli import COMMANDS, _go_style, build_parser
+
+    for name, command in (("gas", "serve"), ("webhook", "webhook")):
+        if command not in COMMANDS and command != "serve":
+            pytest.skip(f"this build has no `gas {command}` command yet")
+        container = _container(name)
+        try:
+            args = build_parser().parse_args(_go_style(container["args"]))
+        except SystemExit:
+            pytest.fail(f"gas does not take the {name} container's arguments: {container['args']}")
+        assert args.command == command
+
+
+def test_webhook_configuration_is_the_one_gas_builds() -> None:
+    try:
+        from gas.tools.webhook_config import webhook_configuration
+    except ImportError:
+        pytest.skip("gas.tools.webhook_config is not there yet")
+    shipped = find("MutatingWebhookConfiguration", "gas-webhook")
+    assert shipped == webhook_configuration(None)
+    (webhook,) = shipped["webhooks"]
+    assert "caBundle" not in webhook["clientConfig"]
+    service = find("Service", "gas-webhook")
+    reference = webhook["clientConfig"]["service"]
+    assert (reference["namespace"], reference["name"]) == (NAMESPACE, "gas-webhook")
+    assert reference["port"] == service["spec"]["ports"][0]["port"]
+    # Its own namespace is excluded, so the scheduler pods are never waiting on themselves.
+    (expression,) = webhook["namespaceSelector"]["matchExpressions"]
+    assert expression["operator"] == "NotIn" and NAMESPACE in expression["values"]
+
+
+def test_scheduler_budget_keeps_one_pod_and_selects_only_the_scheduler() -> None:
+    budget = find("PodDisruptionBudget", "gas-scheduler")
+    assert budget["spec"] == {
+        "minAvailable": 1,
+        "selector": {
+            "matchLabels": find("Deployment", "gas-scheduler")["spec"]["selector"]["matchLabels"]
+        },
+    }
+    assert budget["spec"]["minAvailable"] < find("Deployment", "gas-scheduler")["spec"]["replicas"]
+    for file, _, doc in all_documents():
+        if doc["kind"] in WORKLOAD_KINDS and doc["metadata"]["name"] != "gas-scheduler":
+            labels = doc["spec"]["template"]["metadata"].get("labels") or {}
+            selector = budget["spec"]["selector"]["matchLabels"]
+            assert not _selects(selector, labels), f"{file}: the budget would count it"
+            webhook = find("Service", "gas-webhook")["spec"]["selector"]
+            assert not _selects(webhook, labels), f"{file}: gas-webhook would route to it"
+
+
+def test_gas_check_config_passes_the_profile_with_its_deployment(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from gas.tools.checkconfig.command import add_arguments, run
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    files = [str(ANY_CLUSTER / "scheduler-config.yaml"), str(ANY_CLUSTER / "deployment.yaml")]
+    code = run(parser.parse_args([*files, "--kubernetesVersion", "1.28"]))
+    out = capsys.readouterr().out
+    assert (code, out) == (0, "OK\n")
 
 
 # ------------------------------------------------------------------ RBAC against the code
@@ -513,9 +877,20 @@ def api_calls(sources: list[str]) -> set[str]:
     return calls
 
 
-def granted_to(account: str) -> dict[tuple[str, str], set[str]]:
-    """(group, resource) -> verbs, over every role bound to this ServiceAccount of gas's
-    namespace."""
+# The Lease each ServiceAccount may renew: gas's own election (kubeadm way), or the
+# scheduler's (any cluster), which kube-scheduler renews and gas reads.
+LEASES = {"gas": LEASE_NAME, "gas-scheduler": "gas-scheduler"}
+# Roles the API server itself keeps (bootstrap RBAC): bound, never defined, in deploy/.
+BOOTSTRAP_ROLES = {
+    ("ClusterRole", "system:kube-scheduler"),
+    ("ClusterRole", "system:volume-scheduler"),
+    ("Role", "extension-apiserver-authentication-reader"),
+}
+
+
+def bindings_of(account: str) -> list[tuple[str, str | None, str]]:
+    """(role kind, binding namespace, role name) of every binding to this ServiceAccount of
+    gas's namespace."""
     roles: list[tuple[str, str | None, str]] = []
     for _, _, doc in all_documents():
         if doc["kind"] in ("ClusterRoleBinding", "RoleBinding") and any(
@@ -525,6 +900,13 @@ def granted_to(account: str) -> dict[tuple[str, str], set[str]]:
             roles.append(
                 (doc["roleRef"]["kind"], doc["metadata"].get("namespace"), doc["roleRef"]["name"])
             )
+    return roles
+
+
+def granted_to(account: str) -> dict[tuple[str, str], set[str]]:
+    """(group, resource) -> verbs, over every role of deploy/ bound to this ServiceAccount
+    of gas's namespace (the bootstrap roles aside)."""
+    roles = [r for r in bindings_of(account) if (r[0], r[2]) not in BOOTSTRAP_ROLES]
     assert roles, f"nothing is granted to the {account} ServiceAccount"
     granted: dict[tuple[str, str], set[str]] = {}
     for kind, namespace, name in roles:
@@ -535,8 +917,9 @@ def granted_to(account: str) -> dict[tuple[str, str], set[str]]:
             # Names only where RBAC can check them (not `create`), and only the Lease's.
             names = rule.get("resourceNames")
             if names:
-                assert names == [LEASE_NAME] and "create" not in rule["verbs"], rule
+                assert names == [LEASES[account]] and "create" not in rule["verbs"], rule
                 assert rule["resources"] == ["leases"] and kind == "Role", rule
+                assert namespace == NAMESPACE, rule
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
                     granted.setdefault((group, resource), set()).update(rule["verbs"])
@@ -619,6 +1002,26 @@ def test_rbac_grants_exactly_what_the_code_calls() -> None:
     for group, resource, verbs in CALL_RULES.values():
         needed.setdefault((group, resource), set()).update(verbs)
     assert granted_to("gas") == needed
+    # Under the scheduler's account gas makes the same calls; the Lease rules it holds are
+    # kube-scheduler's (gas only reads the Lease there).
+    assert granted_to("gas-scheduler") == needed
+
+
+def test_the_scheduler_account_is_bound_as_kubernetes_documents_for_a_second_scheduler() -> None:
+    bootstrap = {r for r in bindings_of("gas-scheduler") if (r[0], r[2]) in BOOTSTRAP_ROLES}
+    assert bootstrap == {
+        ("ClusterRole", None, "system:kube-scheduler"),
+        ("ClusterRole", None, "system:volume-scheduler"),
+        # A RoleBinding in kube-system: the one ConfigMap that Role names is there.
+        ("Role", "kube-system", "extension-apiserver-authentication-reader"),
+    }
+    # No other account is given the scheduler's rights, nor the scheduler the node agent's.
+    for account in ("gas", "gas-node"):
+        assert not {(r[0], r[2]) for r in bindings_of(account)} & BOOTSTRAP_ROLES
+    assert {r[2] for r in bindings_of("gas-scheduler")} - {n for _, n in BOOTSTRAP_ROLES} == {
+        "gas",
+        "gas-scheduler-leader-election",
+    }
 
 
 # Each Kubernetes call `gas node` makes, and the RBAC rule it needs.
