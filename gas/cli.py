@@ -204,7 +204,7 @@ COMMANDS = {
     ),
     "label-node": ("gas.tools.label_node", "discover this node's GPU cards and label the node"),
     "node": (
-        "gas.node.agent",
+        "gas.node.command",
         "run the node agent: the kubelet device plugin that hands each container the cards "
         "gas chose, and the node's GPU labels and capacity",
     ),

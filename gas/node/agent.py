@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import threading
 from collections.abc import Callable, Sequence
@@ -24,7 +23,7 @@ from gas.kubeapi.core import RawCoreV1Api
 from gas.kubeapi.events import EventSender
 from gas.node import discovery
 from gas.node.cards import Card
-from gas.node.devices import DEFAULT_SHARES_PER_CARD, MAX_SHARES_PER_CARD, cards_by_resource
+from gas.node.devices import cards_by_resource
 from gas.node.errors import NodeError
 from gas.node.handout import HandoutWriter
 from gas.node.kubeapi import core_api
@@ -33,86 +32,15 @@ from gas.node.metrics import NodeMetrics
 from gas.node.plugin import DevicePlugin, Reporter
 from gas.node.podapi import NodeApi
 from gas.node.podcache import PodCache
-from gas.node.podresources import DEFAULT_SOCKET, PodResourcesClient, PodResourcesError
+from gas.node.podresources import PodResourcesClient, PodResourcesError
 from gas.node.publish import NodePublisher
-from gas.node.registration import DEFAULT_PLUGIN_DIR, PluginServer
+from gas.node.registration import PluginServer
 
 log = logging.getLogger(__name__)
 
-DEFAULT_METRICS_PORT = 9102
 SYNC_WAIT = 30.0
 RECONCILE_SECONDS = 30.0
 """How often `gas-node-cards` is compared with what the kubelet says pods hold."""
-
-
-def _shares(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 1 <= value <= MAX_SHARES_PER_CARD:
-        raise argparse.ArgumentTypeError(f"must be 1..{MAX_SHARES_PER_CARD}, not {value}")
-    return value
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--node-name",
-        default=os.environ.get("NODE_NAME"),
-        help="this node's name (default: $NODE_NAME, from the downward API)",
-    )
-    parser.add_argument(
-        "--kubeconfig",
-        "--kubeConfig",
-        dest="kubeconfig",
-        help="kubeconfig file (default: in-cluster configuration)",
-    )
-    parser.add_argument(
-        "--shares-per-card",
-        "--shared-dev-num",
-        dest="shares_per_card",
-        type=_shares,
-        default=DEFAULT_SHARES_PER_CARD,
-        help="how many containers may share one card: device IDs advertised per card "
-        f"({DEFAULT_SHARES_PER_CARD})",
-    )
-    discovery.add_arguments(parser)
-    parser.add_argument(
-        "--devfs-root",
-        default="/dev",
-        help="host /dev, where the cards' device nodes are (/dev)",
-    )
-    parser.add_argument(
-        "--device-plugin-dir",
-        default=DEFAULT_PLUGIN_DIR,
-        help=f"the kubelet's device-plugin directory ({DEFAULT_PLUGIN_DIR})",
-    )
-    parser.add_argument(
-        "--pod-resources-socket",
-        default=DEFAULT_SOCKET,
-        help=f"the kubelet's pod-resources socket ({DEFAULT_SOCKET})",
-    )
-    parser.add_argument(
-        "--numa",
-        action="store_true",
-        help="also write the gpu.intel.com/numa-gpu-map node label",
-    )
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=DEFAULT_METRICS_PORT,
-        help=f"Prometheus metrics port, 0 for none ({DEFAULT_METRICS_PORT})",
-    )
-    parser.add_argument("--metrics-host", default="0.0.0.0", help="metrics listen address")
-    parser.add_argument(
-        "--rescan",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="rediscover the cards this often besides on udev events "
-        "(600; 5 with --sysfs-root, which has no events)",
-    )
-    parser.add_argument("--v", type=int, default=2, help="log verbosity: 0-3 info, 4+ debug")
 
 
 @dataclass

@@ -9,8 +9,8 @@ import grpc
 
 from gas.node.api.podresources.v1 import api_pb2 as podresources
 from gas.node.api.podresources.v1 import api_pb2_grpc as podresources_grpc
+from gas.node.sockets import DEFAULT_POD_RESOURCES_SOCKET
 
-DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 TIMEOUT = 5.0
 
 Listing = Mapping[tuple[str, str], Mapping[str, Mapping[str, Collection[str]]]]
@@ -42,7 +42,9 @@ def held_for(listing: Listing, resource: str) -> dict[tuple[str, str], dict[str,
 
 
 class PodResourcesClient:
-    def __init__(self, socket_path: str = DEFAULT_SOCKET, timeout: float = TIMEOUT) -> None:
+    def __init__(
+        self, socket_path: str = DEFAULT_POD_RESOURCES_SOCKET, timeout: float = TIMEOUT
+    ) -> None:
         self.socket_path = socket_path
         self._timeout = timeout
         self._channel = grpc.insecure_channel(f"unix://{socket_path}")

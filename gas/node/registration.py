@@ -26,21 +26,16 @@ from gas.node.api.deviceplugin.v1beta1 import api_pb2 as pb
 from gas.node.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from gas.node.metrics import NodeMetrics
 from gas.node.plugin import DevicePlugin
+from gas.node.sockets import socket_name
 
 log = logging.getLogger(__name__)
 
 API_VERSION = "v1beta1"
-DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 KUBELET_SOCKET = "kubelet.sock"
 REGISTER_TIMEOUT = 5.0
 STREAM_GRACE = 3.0
 """How long after registering the kubelet may go without a `ListAndWatch` stream open
 before the plugin registers again (it opens one at once after `Register`)."""
-
-
-def socket_name(resource: str) -> str:
-    """`gpu.intel.com/i915` -> `gas-i915.sock`."""
-    return f"gas-{resource.rsplit('/', 1)[-1]}.sock"
 
 
 def _identity(path: str) -> tuple[int, int] | None:

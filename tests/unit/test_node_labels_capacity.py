@@ -14,7 +14,6 @@ from gas.core.model import (
     node_cards,
     node_from_object,
 )
-from gas.node.agent import add_arguments
 from gas.node.capacity import (
     MEMORY,
     MILLICORES,
@@ -22,6 +21,7 @@ from gas.node.capacity import (
     capacity_for,
 )
 from gas.node.cards import Card
+from gas.node.command import add_arguments
 from gas.node.labels import (
     LABEL_TILES,
     NODE_EXACT_LABELS,
