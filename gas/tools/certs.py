@@ -261,8 +261,7 @@ def _generate(plan: Plan) -> list[tuple[str, str]]:
         os.makedirs(plan.out, mode=0o700, exist_ok=True)
         for name, obj, _ in outputs:
             tls.write_pem(plan.path(name), obj)
-        with open(plan.path(WEBHOOK_CONFIGURATION_FILE), "w") as f:
-            f.write(configuration)
+        _write_public(plan.path(WEBHOOK_CONFIGURATION_FILE), configuration)
     except OSError as exc:
         raise CertsError(f"cannot write to {plan.out}: {exc.strerror or exc}") from None
     written = [(plan.path(name), what) for name, _, what in outputs]
@@ -273,6 +272,14 @@ def _generate(plan: Plan) -> list[tuple[str, str]]:
         )
     )
     return written
+
+
+def _write_public(path: str, text: str) -> None:
+    """A file anyone may read (0644, as the certificates), whatever the umask."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o644)
+        f.write(text)
 
 
 def _webhook_configuration_yaml(plan: Plan, ca_pem: bytes) -> str:

@@ -3,6 +3,7 @@ with certificate verification and a real mutual-TLS handshake against `gas serve
 
 from __future__ import annotations
 
+import base64
 import datetime
 import ipaddress
 import shutil
@@ -10,23 +11,28 @@ import socket
 import ssl
 import stat
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import requests
+import yaml
 from cryptography import x509
 from cryptography.x509 import DNSName, IPAddress
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from cryptography.x509.verification import PolicyBuilder, Store
+from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
 from gas import cli
 from gas.serving import tls
 from gas.tools.certs import DEFAULT_DNS, FILE_NAMES
+from gas.tools.webhook_config import webhook_configuration
 from tests.support.gasproc import GasProcess, TLSFiles
+from tests.support.webhookproc import WebhookProcess
 
-KEYS = ("ca.key", "tls.key", "client.key")
-CERTS = ("ca.crt", "tls.crt", "client.crt")
+KEYS = ("ca.key", "tls.key", "client.key", "webhook.key")
+CERTS = ("ca.crt", "tls.crt", "client.crt", "webhook.crt")
+WEBHOOK_DNS = ("gas-webhook.gas-system.svc", "gas-webhook.gas-system.svc.cluster.local")
 
 
 def run_certs(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -51,12 +57,12 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_writes_the_six_files_with_private_keys_0600(generated: Path) -> None:
+def test_writes_every_file_with_private_keys_0600(generated: Path) -> None:
     assert sorted(p.name for p in generated.iterdir()) == sorted(FILE_NAMES)
     for name in KEYS:
         assert stat.S_IMODE((generated / name).stat().st_mode) == 0o600, name
         tls.load_private_key(str(generated / name))
-    for name in CERTS:
+    for name in (*CERTS, "webhook-configuration.yaml"):
         assert stat.S_IMODE((generated / name).stat().st_mode) == 0o644, name
     # The output directory itself holds keys: not listable by others.
     assert stat.S_IMODE(generated.stat().st_mode) == 0o700
@@ -77,7 +83,8 @@ def test_server_certificate_chains_to_the_ca_for_its_names(generated: Path) -> N
     )
     by_ip.verify(server, [])
     sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert sans.get_values_for_type(x509.DNSName) == list(DEFAULT_DNS)
+    # Loopback always: kube-scheduler calls gas at 127.0.0.1 in the scheduler profile.
+    assert sans.get_values_for_type(x509.DNSName) == [*DEFAULT_DNS, "localhost"]
     assert sans.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1")]
     usage = server.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert list(usage) == [ExtendedKeyUsageOID.SERVER_AUTH]
@@ -168,11 +175,16 @@ def test_custom_names_days_and_rsa(tmp_path: Path, capsys: pytest.CaptureFixture
     assert status == 0
     server = load(tmp_path, "tls.crt")
     sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert sans.get_values_for_type(x509.DNSName) == ["gas.example.com", "gas.internal"]
+    assert sans.get_values_for_type(x509.DNSName) == [
+        "gas.example.com",
+        "gas.internal",
+        "localhost",
+    ]
     # An IP address given to --dns becomes an IP SAN, where a client looks for it.
     assert sans.get_values_for_type(x509.IPAddress) == [
         ipaddress.ip_address("10.96.0.50"),
         ipaddress.ip_address("::1"),
+        ipaddress.ip_address("127.0.0.1"),
     ]
     days = (server.not_valid_after_utc - server.not_valid_before_utc).days
     assert days == 30
@@ -327,3 +339,140 @@ def test_server_is_rejected_under_a_name_it_does_not_carry(
 ) -> None:
     with pytest.raises(ssl.SSLCertVerificationError):
         _handshake(served, generated, "gas-extender.default.svc").close()
+
+
+# ----------------------------------------------------------------------------------------
+# The admission webhook's certificate and configuration
+# ----------------------------------------------------------------------------------------
+
+
+def test_webhook_certificate_chains_to_the_ca_for_the_service_names(generated: Path) -> None:
+    ca = load(generated, "ca.crt")
+    webhook = load(generated, "webhook.crt")
+    store = Store([ca])
+    for name in WEBHOOK_DNS:
+        verifier = PolicyBuilder().store(store).build_server_verifier(DNSName(name))
+        assert verifier.verify(webhook, [])[-1] == ca
+    sans = webhook.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == list(WEBHOOK_DNS)
+    assert sans.get_values_for_type(x509.IPAddress) == []
+    usage = webhook.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [ExtendedKeyUsageOID.SERVER_AUTH]
+    # gas's own server certificate does not serve the webhook's names, nor the reverse.
+    server = load(generated, "tls.crt")
+    with pytest.raises(VerificationError):
+        PolicyBuilder().store(store).build_server_verifier(DNSName(WEBHOOK_DNS[0])).verify(
+            server, []
+        )
+
+
+def test_webhook_configuration_is_the_shared_object_with_this_ca(generated: Path) -> None:
+    written = yaml.safe_load((generated / "webhook-configuration.yaml").read_text())
+    ca_pem = (generated / "ca.crt").read_bytes()
+    assert written == webhook_configuration(ca_pem)
+    (hook,) = written["webhooks"]
+    assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca_pem
+    assert written["kind"] == "MutatingWebhookConfiguration"
+    assert hook["clientConfig"]["service"] == {
+        "namespace": "gas-system",
+        "name": "gas-webhook",
+        "path": "/admission/pods",
+        "port": 443,
+    }
+
+
+def test_prints_the_webhook_secret_and_configuration_commands(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_dir = tmp_path / "pki"
+    status, out, err = run_certs(capsys, "--out", str(out_dir))
+    assert status == 0 and err == ""
+    assert (
+        "kubectl -n gas-system create secret tls gas-webhook-tls "
+        f"--cert={out_dir / 'webhook.crt'} --key={out_dir / 'webhook.key'}"
+    ) in out
+    assert f"kubectl apply -f {out_dir / 'webhook-configuration.yaml'}" in out
+    assert f"wrote {out_dir / 'webhook-configuration.yaml'}" in out
+
+
+def test_webhook_namespace_and_service_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, _ = run_certs(
+        capsys, "--out", str(tmp_path), "--webhookNamespace", "gpu", "--webhookService", "hook"
+    )
+    assert status == 0
+    webhook = load(tmp_path, "webhook.crt")
+    sans = webhook.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["hook.gpu.svc", "hook.gpu.svc.cluster.local"]
+    written = yaml.safe_load((tmp_path / "webhook-configuration.yaml").read_text())
+    ca_pem = (tmp_path / "ca.crt").read_bytes()
+    assert written == webhook_configuration(ca_pem, namespace="gpu", service="hook")
+    (hook,) = written["webhooks"]
+    assert hook["clientConfig"]["service"]["namespace"] == "gpu"
+    assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == ["gpu", "kube-system"]
+    assert "kubectl -n gpu create secret tls gas-webhook-tls" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "complaint"),
+    [
+        (["--webhookNamespace", "Gas_System"], "--webhookNamespace 'Gas_System' is not a valid"),
+        (["--webhookService", "a.b"], "--webhookService 'a.b' is not a valid"),
+    ],
+)
+def test_bad_webhook_names_get_one_line_and_no_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], complaint: str
+) -> None:
+    status, out, err = run_certs(capsys, "--out", str(tmp_path / "pki"), *args)
+    assert status == 1 and out == ""
+    assert err.count("\n") == 1 and complaint in err
+    assert not (tmp_path / "pki").exists()
+
+
+@pytest.mark.parametrize("name", ["webhook.key", "webhook-configuration.yaml"])
+def test_an_existing_webhook_file_is_not_overwritten(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    (tmp_path / name).write_text("precious")
+    status, out, err = run_certs(capsys, "--out", str(tmp_path))
+    assert status == 1 and out == "" and name in err
+    assert snapshot(tmp_path) == {name: b"precious"}
+
+
+@pytest.mark.timeout(60)
+def test_gas_webhook_serves_the_certificate_under_the_service_name(
+    generated: Path, tmp_path: Path
+) -> None:
+    """As the API server checks it: the Service's name against the caBundle, no client
+    certificate."""
+    files = TLSFiles(
+        ca=str(generated / "ca.crt"),
+        server_cert=str(generated / "webhook.crt"),
+        server_key=str(generated / "webhook.key"),
+        client_cert="",
+        client_key="",
+    )
+    process = WebhookProcess([], tmp_path / "webhook.log", files)
+    try:
+        context = ssl.create_default_context(cafile=files.ca)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                raw = socket.create_connection(("127.0.0.1", process.port), timeout=5)
+                break
+            except OSError:
+                assert process.process.poll() is None, process.log()
+                assert time.monotonic() < deadline, process.log()
+                time.sleep(0.05)
+        with raw, context.wrap_socket(raw, server_hostname=WEBHOOK_DNS[0]) as sock:
+            request = f"GET /readyz HTTP/1.1\r\nHost: {WEBHOOK_DNS[0]}\r\nConnection: close\r\n\r\n"
+            sock.sendall(request.encode())
+            assert sock.recv(64).startswith(b"HTTP/1.1 200")
+        with (
+            socket.create_connection(("127.0.0.1", process.port), timeout=5) as raw,
+            pytest.raises(ssl.SSLCertVerificationError),
+        ):
+            context.wrap_socket(raw, server_hostname="gas-webhook.default.svc").close()
+    finally:
+        process.stop()
