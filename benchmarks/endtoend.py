@@ -1,0 +1,762 @@
+"""Scheduling throughput as users see it: the real kube-scheduler, alone and with gas.
+
+    .venv/bin/python -m benchmarks.endtoend                # 1,000 nodes, 1,000 pods, 2 rounds each
+    .venv/bin/python -m benchmarks.endtoend --quick        # a smoke size (about a minute)
+    .venv/bin/python -m benchmarks.endtoend --nodes 1000 --pods 400 --rounds 3 --json f.json
+
+A real control plane (etcd, kube-apiserver v1.28, `tests/support/realk8s.py`) holds N fake
+GPU nodes of 4 to 8 cards (the labels and allocatable resources gas reads) and running pods
+filling their cards to `--occupancy` of GPU memory. Each round starts a real kube-scheduler
+(client QPS and burst raised so that binds are not throttled), and in the gas rounds a real
+`gas serve` (gunicorn, mutual TLS, the admin kubeconfig) registered as its extender for
+filter, prioritize, preempt and bind. Once the scheduler has bound a warm-up pod, a burst of
+P pending GPU pods of mixed shapes is created from a few threads on kept-alive connections;
+a watch notes when each pod is bound. Rounds alternate (alone, gas, alone, gas, ...), so a
+noisy machine weighs on both alike.
+
+Per round: pods bound per second (from the first create to the last bind), create -> bound
+latency p50/p99, gas's CPU time per bound pod split by thread (from
+/proc/<worker>/task/*/stat; the names from `py-spy dump` when py-spy is on PATH, else the
+main thread apart from the rest), kube-scheduler's CPU per pod, and the cards: with gas,
+every bound pod's cards against capacity (gas.tools.audit.check_invariants); alone, the
+pods that no card could hold (first fit on the cards left, in bind order), which the
+scheduler cannot see. Prints Markdown tables; never fails on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from benchmarks.harness import percentile
+from benchmarks.workload import (
+    CARD_MEMORY_GI,
+    CARD_MILLICORES,
+    CARD_SLOTS,
+    MEMORY,
+    MILLICORES,
+    SHAPES,
+    Shape,
+    make_cluster,
+    pick_shape,
+    pod_object,
+)
+from tests.support import realk8s
+from tests.support.gasproc import GasProcess, TLSFiles, child_pids, make_tls_files
+
+NAMESPACE = "bench"
+CREATORS = 4
+"""Threads creating the burst, each on its own kept-alive connection."""
+
+SCHEDULER_QPS = 5000
+"""kube-scheduler's client QPS and burst: binds are not throttled."""
+
+EXTENDER = {
+    "filterVerb": "filter",
+    "prioritizeVerb": "prioritize",
+    "preemptVerb": "preempt",
+    "bindVerb": "bind",
+    "weight": 1,
+    "enableHTTPS": True,
+    "nodeCacheCapable": True,
+    "ignorable": False,
+    "httpTimeout": "10s",
+    "managedResources": [
+        {"name": "gpu.intel.com/i915", "ignoredByScheduler": False},
+        {"name": "gpu.intel.com/xe", "ignoredByScheduler": False},
+    ],
+}
+
+
+# ---------------------------------------------------------------- the API server, raw
+
+
+class Api:
+    """Kept-alive HTTPS connections to the API server with the admin certificate (one per
+    thread: http.client connections are not thread-safe)."""
+
+    def __init__(self, plane: realk8s.ControlPlane) -> None:
+        self._context = plane.admin_ssl_context()
+        self._port = plane.port
+        self._local = threading.local()
+
+    def connection(self, timeout: float = 60) -> http.client.HTTPSConnection:
+        return http.client.HTTPSConnection(
+            "127.0.0.1", self._port, context=self._context, timeout=timeout
+        )
+
+    def call(self, method: str, path: str, body: bytes | None = None) -> tuple[int, Any]:
+        conn: http.client.HTTPSConnection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self.connection()
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            response = conn.getresponse()
+            data = response.read()
+        except (OSError, http.client.HTTPException):
+            conn.close()
+            self._local.conn = None
+            raise
+        return response.status, orjson.loads(data) if data else None
+
+    def create(self, path: str, obj: dict[str, Any]) -> None:
+        status, answer = self.call("POST", path, orjson.dumps(obj))
+        if status != 201:
+            raise RuntimeError(f"POST {path}: {status} {str(answer)[:500]}")
+
+    def get(self, path: str) -> Any:
+        status, answer = self.call("GET", path)
+        if status != 200:
+            raise RuntimeError(f"GET {path}: {status} {str(answer)[:500]}")
+        return answer
+
+
+def create_all(api: Api, path: str, objects: Sequence[dict[str, Any]], threads: int) -> None:
+    """POST every object, `threads` at a time on kept-alive connections."""
+    errors: list[BaseException] = []
+
+    def run(part: Sequence[dict[str, Any]]) -> None:
+        try:
+            for obj in part:
+                api.create(path, obj)
+        except BaseException as exc:  # reported by the caller
+            errors.append(exc)
+
+    workers = [threading.Thread(target=run, args=(objects[i::threads],)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if errors:
+        raise errors[0]
+
+
+# ---------------------------------------------------------------- the cluster
+
+
+def node_for_api(node: dict[str, Any]) -> dict[str, Any]:
+    allocatable = dict(node["status"]["allocatable"], pods="250")
+    return {
+        "metadata": node["metadata"],
+        "status": {
+            "capacity": allocatable,
+            "allocatable": allocatable,
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def running_for_api(pod: dict[str, Any]) -> dict[str, Any]:
+    """A running pod of the generated cluster, as the API server takes it (it assigns the
+    UID; the status is the server's)."""
+    metadata = {k: v for k, v in pod["metadata"].items() if k != "uid"}
+    return {"metadata": metadata, "spec": pod["spec"]}
+
+
+def burst_pods(count: int, round_name: str, seed: int) -> list[tuple[dict[str, Any], Shape]]:
+    rng = random.Random(f"burst-{seed}")
+    pods = []
+    for index in range(count):
+        shape = pick_shape(rng)
+        pod = pod_object(f"{round_name}-{index:05d}", "", shape)
+        del pod["metadata"]["uid"]
+        del pod["status"]
+        pod["metadata"]["labels"] = {"round": round_name}
+        pods.append((pod, shape))
+    return pods
+
+
+@dataclass
+class Cards:
+    """Each node's cards: GPU memory (GiB), millicores and pod slots still free."""
+
+    free: dict[str, list[list[int]]]
+
+    @classmethod
+    def of(cls, nodes: Iterable[dict[str, Any]], running: Iterable[dict[str, Any]]) -> Cards:
+        free: dict[str, list[list[int]]] = {}
+        for node in nodes:
+            count = len(node["metadata"]["labels"]["gpu.intel.com/gpu-numbers"].split("."))
+            free[node["metadata"]["name"]] = [
+                [CARD_MEMORY_GI, CARD_MILLICORES, CARD_SLOTS] for _ in range(count)
+            ]
+        for pod in running:
+            cards = pod["metadata"]["annotations"]["gas-container-cards"].split(",")
+            limits = pod["spec"]["containers"][0]["resources"]["limits"]
+            memory = int(limits[MEMORY].removesuffix("Gi")) // len(cards)
+            millicores = int(limits[MILLICORES]) // len(cards)
+            for card in cards:
+                row = free[pod["spec"]["nodeName"]][int(card.removeprefix("card"))]
+                row[0] -= memory
+                row[1] -= millicores
+                row[2] -= 1
+        return cls(free)
+
+    def place(self, node: str, shape: Shape) -> bool:
+        """Take `shape` on the first cards of `node` that hold it; False if none do."""
+        rows = self.free[node]
+        fitting = [
+            row
+            for row in rows
+            if row[0] >= shape.memory_gi and row[1] >= shape.millicores and row[2] >= 1
+        ]
+        if len(fitting) < shape.cards:
+            return False
+        for row in fitting[: shape.cards]:
+            row[0] -= shape.memory_gi
+            row[1] -= shape.millicores
+            row[2] -= 1
+        return True
+
+
+# ---------------------------------------------------------------- CPU by thread
+
+
+def thread_ticks(pid: int) -> dict[int, int]:
+    """utime + stime (clock ticks) of every thread of `pid`."""
+    ticks: dict[int, int] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return ticks
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks[int(tid)] = int(fields[11]) + int(fields[12])
+    return ticks
+
+
+def process_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+_PYSPY_THREAD = re.compile(r'^Thread (0x[0-9A-Fa-f]+|\d+) \([^)]*\): "([^"]*)"', re.MULTILINE)
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """Python thread names by OS thread id, from `py-spy dump` (empty without py-spy)."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return {}
+    try:
+        done = subprocess.run(
+            [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    names: dict[int, str] = {}
+    for ident, name in _PYSPY_THREAD.findall(done.stdout):
+        if not ident.startswith("0x"):
+            names[int(ident)] = name
+    return names
+
+
+def thread_group(tid: int, pid: int, names: dict[int, str]) -> str:
+    """What a thread does, by its Python name: request threads are the pool's."""
+    name = names.get(tid)
+    if name is None:
+        return "main" if tid == pid else "other threads"
+    if name == "MainThread":
+        return "main"
+    if name.startswith("ThreadPoolExecutor"):
+        return "requests"
+    if name.startswith("reflector-"):
+        return "watch " + name.removeprefix("reflector-")
+    return re.sub(r"[-_]?\d+$", "", name) or "other threads"
+
+
+# ---------------------------------------------------------------- one round
+
+
+@dataclass
+class Round:
+    mode: str
+    name: str
+    pods: int
+    bound: int = 0
+    wall_s: float = float("nan")
+    create_s: float = float("nan")
+    latencies_s: list[float] = field(default_factory=list)
+    gas_cpu_ms: dict[str, float] = field(default_factory=dict)
+    scheduler_cpu_ms: float = float("nan")
+    apiserver_cpu_ms: float = float("nan")
+    no_card_fits: int = 0
+    over_commit: list[str] = field(default_factory=list)
+
+    @property
+    def pods_per_s(self) -> float:
+        return self.bound / self.wall_s if self.wall_s > 0 else float("nan")
+
+    @property
+    def p50_s(self) -> float:
+        return statistics.median(self.latencies_s) if self.latencies_s else float("nan")
+
+    @property
+    def p99_s(self) -> float:
+        return percentile(self.latencies_s, 0.99) if self.latencies_s else float("nan")
+
+    def gas_ms_per_pod(self, group: str | None = None) -> float:
+        if not self.bound or not self.gas_cpu_ms:
+            return float("nan")
+        total = sum(self.gas_cpu_ms.values()) if group is None else self.gas_cpu_ms.get(group, 0.0)
+        return total / self.bound
+
+    def record(self) -> dict[str, Any]:
+        record = asdict(self)
+        del record["latencies_s"]
+        record.update(
+            pods_per_s=self.pods_per_s,
+            p50_s=self.p50_s,
+            p99_s=self.p99_s,
+            gas_cpu_ms_per_pod=self.gas_ms_per_pod(),
+            over_committed=len(self.over_commit),
+        )
+        return record
+
+
+class Watch(threading.Thread):
+    """Notes the moment each pod of the round is first seen bound."""
+
+    def __init__(self, api: Api, round_name: str, version: str) -> None:
+        super().__init__(name="watch", daemon=True)
+        self.bound: dict[str, tuple[float, str]] = {}
+        self.changed = threading.Condition()
+        self._conn = api.connection(timeout=600)
+        self._path = (
+            f"/api/v1/namespaces/{NAMESPACE}/pods?watch=1&labelSelector=round%3D{round_name}"
+            f"&resourceVersion={version}&allowWatchBookmarks=false"
+        )
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._conn.request("GET", self._path)
+            response = self._conn.getresponse()
+            if response.status != 200:
+                raise RuntimeError(f"watch: {response.status} {response.read()[:300]!r}")
+            pending = b""
+            while chunk := response.read1(65536):
+                now = time.monotonic()
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if line:
+                        self._event(orjson.loads(line), now)
+        except (OSError, http.client.HTTPException):
+            pass  # closed by stop()
+        except BaseException as exc:
+            self.error = exc
+
+    def _event(self, event: dict[str, Any], now: float) -> None:
+        pod = event.get("object") or {}
+        node = (pod.get("spec") or {}).get("nodeName")
+        name = (pod.get("metadata") or {}).get("name")
+        if node and name and name not in self.bound:
+            with self.changed:
+                self.bound[name] = (now, node)
+                self.changed.notify_all()
+
+    def stop(self) -> None:
+        sock = self._conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(2)
+        self._conn.close()
+
+
+def scheduler_config(gas_port: int | None, tls: TLSFiles) -> str:
+    config: dict[str, Any] = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"qps": SCHEDULER_QPS, "burst": SCHEDULER_QPS},
+        "leaderElection": {"leaderElect": False},
+        "profiles": [{"schedulerName": "default-scheduler"}],
+    }
+    if gas_port is not None:
+        extender = dict(EXTENDER, urlPrefix=f"https://127.0.0.1:{gas_port}/scheduler")
+        extender["tlsConfig"] = {
+            "certFile": tls.client_cert,
+            "keyFile": tls.client_key,
+            "caFile": tls.ca,
+        }
+        config["extenders"] = [extender]
+    return json.dumps(config)
+
+
+class Bench:
+    def __init__(
+        self,
+        plane: realk8s.ControlPlane,
+        workdir: Path,
+        nodes: list[dict[str, Any]],
+        running: list[dict[str, Any]],
+        pods: int,
+        settle_s: float,
+        gas_args: Sequence[str],
+    ) -> None:
+        self.plane = plane
+        self.api = Api(plane)
+        self.workdir = workdir
+        self.tls = make_tls_files(workdir)
+        self.nodes = nodes
+        self.running = running
+        self.pods = pods
+        self.settle_s = settle_s
+        self.gas_args = list(gas_args)
+        self.rounds = 0
+
+    def run(self, mode: str) -> Round:
+        self.rounds += 1
+        name = f"r{self.rounds}-{mode}"
+        result = Round(mode, name, self.pods)
+        gas: GasProcess | None = None
+        scheduler: realk8s.Process | None = None
+        try:
+            if mode == "gas":
+                gas = GasProcess(
+                    ["--kubeConfig", self.plane.admin_kubeconfig, *self.gas_args],
+                    self.workdir / f"gas-{name}.log",
+                    self.tls,
+                )
+                gas.wait_ready(timeout=300)
+            scheduler = self.plane.start_scheduler(
+                scheduler_config(gas.port if gas else None, self.tls), name=f"scheduler-{name}"
+            )
+            self._warm_up(name)
+            self._burst(result, name, gas, scheduler)
+        finally:
+            if scheduler is not None:
+                scheduler.stop()
+                self.plane.processes.remove(scheduler)
+            if gas is not None:
+                gas.stop(signal.SIGTERM)
+        self._check(result, name)
+        self._clean(name)
+        return result
+
+    def _warm_up(self, name: str) -> None:
+        """One pod bound: the scheduler's caches are filled and gas is reached."""
+        pod = pod_object(f"{name}-warm", "", SHAPES[0])
+        del pod["metadata"]["uid"], pod["status"]
+        pod["metadata"]["labels"] = {"round": name, "warm": "1"}
+        self.api.create(f"/api/v1/namespaces/{NAMESPACE}/pods", pod)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            status, answer = self.api.call(
+                "GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}-warm"
+            )
+            if status == 200 and answer["spec"].get("nodeName"):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"round {name}: the warm-up pod was never bound")
+
+    def _burst(
+        self,
+        result: Round,
+        name: str,
+        gas: GasProcess | None,
+        scheduler: realk8s.Process,
+    ) -> None:
+        pods = burst_pods(self.pods, name, self.rounds)
+        bodies = [orjson.dumps(pod) for pod, _ in pods]
+        listed = self.api.get(f"/api/v1/namespaces/{NAMESPACE}/pods?limit=1")
+        watch = Watch(self.api, name, listed["metadata"]["resourceVersion"])
+        watch.start()
+        worker = None
+        if gas is not None:
+            (worker,) = child_pids(gas.process.pid)
+        apiserver = self.plane.apiserver
+        assert apiserver is not None
+        created: dict[str, float] = {}
+        errors: list[BaseException] = []
+
+        def create(indices: range) -> None:
+            try:
+                for index in indices:
+                    created[pods[index][0]["metadata"]["name"]] = time.monotonic()
+                    status, answer = self.api.call(
+                        "POST", f"/api/v1/namespaces/{NAMESPACE}/pods", bodies[index]
+                    )
+                    if status != 201:
+                        raise RuntimeError(f"create: {status} {str(answer)[:300]}")
+            except BaseException as exc:
+                errors.append(exc)
+
+        # Each creator's connection opened before the clock starts.
+        creators = [
+            threading.Thread(target=create, args=(range(i, len(pods), CREATORS),))
+            for i in range(CREATORS)
+        ]
+        gas_before = thread_ticks(worker) if worker else {}
+        scheduler_before = process_ticks(scheduler.pid)
+        apiserver_before = process_ticks(apiserver.pid)
+        started = time.monotonic()
+        for creator in creators:
+            creator.start()
+        for creator in creators:
+            creator.join()
+        result.create_s = time.monotonic() - started
+        if errors:
+            watch.stop()
+            raise errors[0]
+        # Until every pod is bound, or none has been for settle_s (pods that fit nowhere
+        # stay pending).
+        with watch.changed:
+            while len(watch.bound) < len(pods):
+                seen = len(watch.bound)
+                watch.changed.wait(self.settle_s)
+                if len(watch.bound) == seen:
+                    break
+        gas_after = thread_ticks(worker) if worker else {}
+        scheduler_after = process_ticks(scheduler.pid)
+        apiserver_after = process_ticks(apiserver.pid)
+        names = thread_names(worker) if worker else {}
+        watch.stop()
+        watch.join(timeout=10)
+
+        tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+        bound = dict(watch.bound)
+        result.bound = len(bound)
+        if bound:
+            result.wall_s = max(t for t, _ in bound.values()) - started
+        result.latencies_s = [t - created[pod] for pod, (t, _) in bound.items()]
+        result.scheduler_cpu_ms = (scheduler_after - scheduler_before) * tick_ms
+        result.apiserver_cpu_ms = (apiserver_after - apiserver_before) * tick_ms
+        if worker:
+            groups: dict[str, float] = {}
+            for tid, ticks in gas_after.items():
+                spent = (ticks - gas_before.get(tid, 0)) * tick_ms
+                group = thread_group(tid, worker, names)
+                groups[group] = groups.get(group, 0.0) + spent
+            result.gas_cpu_ms = groups
+        if result.mode == "alone":
+            cards = Cards.of(self.nodes, self.running)
+            shapes = {pod["metadata"]["name"]: shape for pod, shape in pods}
+            for pod_name, (_, node) in sorted(bound.items(), key=lambda item: item[1][0]):
+                if not cards.place(node, shapes[pod_name]):
+                    result.no_card_fits += 1
+
+    def _check(self, result: Round, name: str) -> None:
+        if result.mode != "gas":
+            return
+        from gas.tools.audit import check_invariants
+
+        nodes = self.api.get("/api/v1/nodes")["items"]
+        pods = self.api.get(f"/api/v1/namespaces/{NAMESPACE}/pods")["items"]
+        result.over_commit = check_invariants(nodes, pods, require_annotations=True)
+
+    def _clean(self, name: str) -> None:
+        status, answer = self.api.call(
+            "DELETE",
+            f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=round%3D{name}"
+            "&gracePeriodSeconds=0",
+        )
+        if status != 200:
+            raise RuntimeError(f"deleting round {name}'s pods: {status} {str(answer)[:300]}")
+
+
+# ---------------------------------------------------------------- report
+
+
+def fmt(value: float, digits: int = 1) -> str:
+    return "n/a" if value != value else f"{value:,.{digits}f}"
+
+
+def rounds_table(rounds: Sequence[Round]) -> list[str]:
+    groups = sorted({g for r in rounds for g in r.gas_cpu_ms})
+    header = [
+        "round",
+        "setup",
+        "bound",
+        "pods/s",
+        "created in s",
+        "p50 s",
+        "p99 s",
+        "gas CPU ms/pod",
+        *[f"{g} ms/pod" for g in groups],
+        "scheduler CPU ms/pod",
+        "apiserver CPU ms/pod",
+        "no card fits",
+        "over-committed",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
+    for r in rounds:
+        per_pod = r.bound or 1
+        cells = [
+            r.name,
+            "kube-scheduler + gas" if r.mode == "gas" else "kube-scheduler alone",
+            f"{r.bound:,}/{r.pods:,}",
+            fmt(r.pods_per_s, 0),
+            fmt(r.create_s, 1),
+            fmt(r.p50_s, 2),
+            fmt(r.p99_s, 2),
+            fmt(r.gas_ms_per_pod(), 2),
+            *[fmt(r.gas_ms_per_pod(g), 2) for g in groups],
+            fmt(r.scheduler_cpu_ms / per_pod, 2),
+            fmt(r.apiserver_cpu_ms / per_pod, 2),
+            str(r.no_card_fits) if r.mode == "alone" else "n/a",
+            str(len(r.over_commit)) if r.mode == "gas" else "n/a",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def summary(rounds: Sequence[Round]) -> dict[str, float]:
+    def median(mode: str, attribute: str) -> float:
+        values = [getattr(r, attribute) for r in rounds if r.mode == mode]
+        return statistics.median(values) if values else float("nan")
+
+    gas_cpu = [r.gas_ms_per_pod() for r in rounds if r.mode == "gas"]
+    alone, with_gas = median("alone", "pods_per_s"), median("gas", "pods_per_s")
+    return {
+        "alone_pods_per_s": alone,
+        "gas_pods_per_s": with_gas,
+        "throughput_ratio": with_gas / alone if alone else float("nan"),
+        "alone_p99_s": median("alone", "p99_s"),
+        "gas_p99_s": median("gas", "p99_s"),
+        "p99_ratio": median("gas", "p99_s") / median("alone", "p99_s"),
+        "gas_cpu_ms_per_pod": statistics.median(gas_cpu) if gas_cpu else float("nan"),
+    }
+
+
+def summary_table(figures: dict[str, float]) -> list[str]:
+    return [
+        "| measure | median | goal |",
+        "|---|---:|---:|",
+        f"| pods/s, kube-scheduler alone | {fmt(figures['alone_pods_per_s'], 0)} | |",
+        f"| pods/s, kube-scheduler + gas | {fmt(figures['gas_pods_per_s'], 0)} | |",
+        f"| gas / alone, pods/s | {fmt(figures['throughput_ratio'], 2)} | >= 0.70 |",
+        f"| p99 create -> bound, gas / alone | {fmt(figures['p99_ratio'], 2)} | <= 1.5 |",
+        f"| gas CPU ms per bound pod | {fmt(figures['gas_cpu_ms_per_pod'], 2)} | <= 1.2 |",
+    ]
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="benchmarks.endtoend", description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--pods", type=int, default=1000, help="pods in each round's burst")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of each setup")
+    parser.add_argument(
+        "--occupancy", type=float, default=0.5, help="share of GPU memory held before a burst"
+    )
+    parser.add_argument(
+        "--settle", type=float, default=10.0, help="seconds without a bind that end a round"
+    )
+    parser.add_argument("--only", choices=("alone", "gas"), help="run one setup only")
+    parser.add_argument("--gasArgs", default="", help="extra `gas serve` flags (one string)")
+    parser.add_argument("--keep", help="working directory to keep (logs), else a temporary one")
+    parser.add_argument("--quick", action="store_true", help="smoke size: 20 nodes, 30 pods")
+    parser.add_argument("--json", help="write the figures to this file")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.nodes, args.pods, args.rounds, args.settle = 20, 30, 1, 5.0
+    reason = realk8s.missing()
+    if reason is not None:
+        print(f"skipped: {reason}")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"skipped": reason}))
+        return 0
+
+    workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="gas-e2e-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    cluster = make_cluster(args.nodes, args.occupancy)
+    modes = [args.only] if args.only else ["alone", "gas"]
+    rounds: list[Round] = []
+    plane = realk8s.ControlPlane(
+        workdir,
+        apiserver_args=[
+            # No kubelet lifts the not-ready taint this admission puts on a new node.
+            "--disable-admission-plugins=TaintNodesByCondition",
+            "--max-requests-inflight=2000",
+            "--max-mutating-requests-inflight=1000",
+        ],
+    )
+    with plane:
+        plane.prepare_namespace(NAMESPACE)
+        api = Api(plane)
+        began = time.monotonic()
+        create_all(api, "/api/v1/nodes", [node_for_api(n) for n in cluster.nodes], CREATORS)
+        create_all(
+            api,
+            f"/api/v1/namespaces/{NAMESPACE}/pods",
+            [running_for_api(p) for p in cluster.pods],
+            CREATORS,
+        )
+        print(
+            f"{args.nodes:,} nodes ({cluster.cards:,} cards), {len(cluster.pods):,} running pods "
+            f"created in {time.monotonic() - began:.1f} s; bursts of {args.pods:,} pods "
+            f"({', '.join(s.name for s in SHAPES)}), {args.rounds} round(s) per setup\n",
+            flush=True,
+        )
+        bench = Bench(
+            plane,
+            workdir,
+            cluster.nodes,
+            cluster.pods,
+            args.pods,
+            args.settle,
+            args.gasArgs.split(),
+        )
+        for _ in range(args.rounds):
+            for mode in modes:
+                result = bench.run(mode)
+                rounds.append(result)
+                print(
+                    f"{result.name}: {result.bound}/{result.pods} bound, "
+                    f"{fmt(result.pods_per_s, 0)} pods/s, p50 {fmt(result.p50_s, 2)} s, "
+                    f"p99 {fmt(result.p99_s, 2)} s, gas {fmt(result.gas_ms_per_pod(), 2)} ms/pod",
+                    flush=True,
+                )
+    figures = summary(rounds)
+    print()
+    print("\n".join(rounds_table(rounds)))
+    print()
+    print("\n".join(summary_table(figures)))
+    for r in rounds:
+        for problem in r.over_commit[:10]:
+            print(f"{r.name}: {problem}")
+    print(f"\nlogs: {workdir}")
+    if args.json:
+        record = {
+            "nodes": args.nodes,
+            "cards": cluster.cards,
+            "running_pods": len(cluster.pods),
+            "pods": args.pods,
+            "rounds": [r.record() for r in rounds],
+            "summary": figures,
+        }
+        Path(args.json).write_text(json.dumps(record, indent=2))
+    if not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

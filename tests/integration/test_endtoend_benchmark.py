@@ -1,0 +1,33 @@
+"""The end-to-end benchmark (real kube-apiserver, kube-scheduler and `gas serve`) runs at its
+smoke size and reports what it measured. Figures depend on the machine: only their shape
+and the cards are checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support import realk8s
+from tests.support.benchrun import run_quick
+
+pytestmark = pytest.mark.skipif(realk8s.missing() is not None, reason=str(realk8s.missing()))
+
+
+def test_quick_run_schedules_every_pod_alone_and_with_gas(tmp_path: Path) -> None:
+    stdout, report = run_quick("benchmarks.endtoend", tmp_path / "figures.json")
+    rounds = {r["mode"]: r for r in report["rounds"]}
+    assert set(rounds) == {"alone", "gas"}, stdout
+    for mode, result in rounds.items():
+        # Quick size: 20 nodes at half their GPU memory hold 30 more pods with room to spare.
+        assert result["bound"] == result["pods"] == 30, (mode, stdout)
+        assert result["p99_s"] >= result["p50_s"] > 0
+        assert result["pods_per_s"] > 0
+    with_gas = rounds["gas"]
+    # gas placed every pod on cards that hold it, and its worker's CPU was read by thread.
+    assert with_gas["over_committed"] == 0, with_gas["over_commit"]
+    assert with_gas["gas_cpu_ms"] and all(v >= 0 for v in with_gas["gas_cpu_ms"].values())
+    assert rounds["alone"]["gas_cpu_ms"] == {}
+    summary = report["summary"]
+    assert summary["throughput_ratio"] > 0
+    assert "| gas / alone, pods/s |" in stdout
