@@ -720,7 +720,7 @@ def test_policy_as_tab_indented_json(capsys: pytest.CaptureFixture[str], tmp_pat
 def test_not_a_scheduler_configuration(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     result = lint(capsys, tmp_path, {"apiVersion": "v1", "kind": "Service"})
     assert result.status == 1
-    assert "no KubeSchedulerConfiguration, Policy or Policy ConfigMap" in result.out
+    assert "no KubeSchedulerConfiguration (raw or in a ConfigMap), Policy or Policy" in result.out
     result = lint(capsys, tmp_path, "extenders: [\n")
     assert result.status == 1
     assert result.lines[0].startswith(f"ERROR {tmp_path / 'config.yaml'}: not valid YAML")
@@ -733,3 +733,219 @@ def test_unreadable_file_is_one_line_on_stderr(
     captured = capsys.readouterr()
     assert status == 2 and captured.out == ""
     assert captured.err.count("\n") == 1 and "missing.yaml" in captured.err
+
+
+# ------------------------------------------------------------------ a scheduler of gas's own
+
+ANY_CLUSTER = ROOT / "deploy" / "any-cluster"
+PROFILE_CONFIGMAP = ANY_CLUSTER / "scheduler-config.yaml"
+PROFILE_DEPLOYMENT = ANY_CLUSTER / "deployment.yaml"
+
+
+def profile() -> dict[str, Any]:
+    """The any-cluster scheduler's configuration, as deploy/ ships it."""
+    (config_map,) = yaml.safe_load_all(PROFILE_CONFIGMAP.read_text())
+    config: dict[str, Any] = yaml.safe_load(config_map["data"]["config.yaml"])
+    return config
+
+
+def wrapped(config: dict[str, Any]) -> str:
+    """``config`` in a ConfigMap, as a block scalar (the form deploy/ uses)."""
+    body = yaml.safe_dump(config, sort_keys=False)
+    indented = "".join(f"    {line}\n" for line in body.splitlines())
+    return (
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: gas-scheduler-config\n"
+        f"  namespace: gas-system\ndata:\n  config.yaml: |\n{indented}"
+    )
+
+
+def deployment(**flags: str) -> dict[str, Any]:
+    """deploy/any-cluster's Deployment with some container flags changed (`gas_port=9101`,
+    `webhook_schedulerName=x`), or the Deployment's own fields (`replicas`, `namespace`)."""
+    (doc,) = yaml.safe_load_all(PROFILE_DEPLOYMENT.read_text())
+    for key, value in flags.items():
+        if key == "replicas":
+            doc["spec"]["replicas"] = int(value)
+            continue
+        if key == "namespace":
+            doc["metadata"]["namespace"] = value
+            continue
+        container, _, flag = key.partition("_")
+        (target,) = [
+            c for c in doc["spec"]["template"]["spec"]["containers"] if c["name"] == container
+        ]
+        args = [a for a in target["args"] if not a.startswith(f"--{flag}=")]
+        if value:
+            args.append(f"--{flag}={value}")
+        target["args"] = args
+    return doc
+
+
+def lint_profile(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    config: dict[str, Any],
+    workload: dict[str, Any] | None = None,
+) -> Result:
+    paths = [tmp_path / "scheduler-config.yaml"]
+    paths[0].write_text(wrapped(config))
+    if workload is not None:
+        paths.append(tmp_path / "deployment.yaml")
+        paths[1].write_text(yaml.safe_dump(workload, sort_keys=False))
+    return check(capsys, *paths)
+
+
+def test_shipped_profile_passes_alone_with_its_deployment_and_with_all_of_deploy(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert check(capsys, PROFILE_CONFIGMAP).lines == ["OK"]
+    assert check(capsys, PROFILE_CONFIGMAP, PROFILE_DEPLOYMENT).lines == ["OK"]
+    assert check(capsys, *sorted(ANY_CLUSTER.glob("*.yaml"))).lines == ["OK"]
+    # The same configuration as a file of its own (kube-scheduler --config).
+    raw = tmp_path / "raw.yaml"
+    raw.write_text(yaml.safe_dump(profile()))
+    assert check(capsys, raw).lines == ["OK"]
+
+
+def test_profile_findings_are_placed_in_the_configmap_at_their_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    text = PROFILE_CONFIGMAP.read_text().replace(
+        '- name: "gpu.intel.com/i915"', '- name: "gpu.intel.com/i9l5"'
+    )
+    line = next(n for n, row in enumerate(text.splitlines(), 1) if "i9l5" in row)
+    path = tmp_path / "scheduler-config.yaml"
+    path.write_text(text)
+    result = check(capsys, path)
+    finding = result.only(
+        "ERROR", "data[config.yaml].extenders[0].managedResources", "gpu.intel.com/i915 is missing"
+    )
+    assert finding.endswith(f"(line {line - 1})")  # the list's line, just above the name
+
+
+def test_profile_the_webhook_does_not_name_is_an_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    result = lint_profile(
+        capsys, tmp_path, profile(), deployment(webhook_schedulerName="gpu-scheduler")
+    )
+    result.only(
+        "ERROR",
+        f"{tmp_path}/scheduler-config.yaml:data[config.yaml].profiles",
+        "'gpu-scheduler'",
+        "Pending",
+    )
+    # Alone, a profile of another name is a warning: the webhook may be told its name.
+    config = profile()
+    config["profiles"][0]["schedulerName"] = "gpu-scheduler"
+    result = lint_profile(capsys, tmp_path, config)
+    result.only("WARNING", "data[config.yaml].profiles", "--schedulerName")
+    assert result.status == 0
+
+
+def test_leader_election_off_is_an_error_when_gas_follows_the_lease(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = profile()
+    config["leaderElection"] = {"leaderElect": False}
+    where = f"{tmp_path}/scheduler-config.yaml:data[config.yaml].leaderElection.leaderElect"
+    lint_profile(capsys, tmp_path, config, deployment()).only("ERROR", where, "503")
+    # gas not following a Lease, but two replicas: two binders with books of their own.
+    two = deployment(gas_schedulerLease="", replicas="2")
+    lint_profile(capsys, tmp_path, config, two).only("ERROR", where, "same card")
+    one = deployment(gas_schedulerLease="", replicas="1")
+    assert lint_profile(capsys, tmp_path, config, one).lines == ["OK"]
+    alone = lint_profile(capsys, tmp_path, config)
+    alone.only("WARNING", "data[config.yaml].leaderElection.leaderElect", "single replica")
+
+
+def test_the_default_schedulers_lease_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = profile()
+    config["leaderElection"] = {"leaderElect": True}
+    result = lint_profile(capsys, tmp_path, config)
+    result.only("ERROR", "data[config.yaml].leaderElection.resourceName", "missing", "take turns")
+    config["leaderElection"] = {
+        "leaderElect": True,
+        "resourceName": "kube-scheduler",
+        "resourceNamespace": "kube-system",
+    }
+    result = lint_profile(capsys, tmp_path, config)
+    result.only("ERROR", "data[config.yaml].leaderElection.resourceName", "default scheduler's")
+
+
+def test_the_lease_must_be_the_one_gas_follows(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = profile()
+    config["leaderElection"]["resourceName"] = "my-scheduler"
+    result = lint_profile(capsys, tmp_path, config, deployment())
+    result.only(
+        "ERROR",
+        f"{tmp_path}/scheduler-config.yaml:data[config.yaml].leaderElection.resourceName",
+        "'my-scheduler'",
+        "'gas-scheduler'",
+    )
+    # In another namespace than gas's.
+    config = profile()
+    result = lint_profile(capsys, tmp_path, config, deployment(namespace="gpu"))
+    result.only(
+        "ERROR",
+        f"{tmp_path}/scheduler-config.yaml:data[config.yaml].leaderElection.resourceNamespace",
+        "'gpu'",
+    )
+    # gas told where to read it: then that namespace counts.
+    moved = deployment(namespace="gpu", gas_leaderElectNamespace="gas-system")
+    assert lint_profile(capsys, tmp_path, config, moved).lines == ["OK"]
+    # No namespace at all: kube-system, where the any-cluster Role grants nothing.
+    del config["leaderElection"]["resourceNamespace"]
+    result = lint_profile(capsys, tmp_path, config)
+    result.only("WARNING", "data[config.yaml].leaderElection.resourceNamespace", "kube-system")
+
+
+def test_gas_is_called_on_loopback_at_its_port(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = profile()
+    config["extenders"][0]["urlPrefix"] = "https://gas-extender.gas-system.svc:9001/scheduler"
+    where = "extenders[0].urlPrefix"
+    result = lint_profile(capsys, tmp_path, config, deployment())
+    result.only(
+        "ERROR",
+        f"{tmp_path}/scheduler-config.yaml:data[config.yaml].{where}",
+        "not loopback",
+        "503",
+    )
+    lint_profile(capsys, tmp_path, config).only("WARNING", f"data[config.yaml].{where}", "loopback")
+    result = lint_profile(capsys, tmp_path, profile(), deployment(gas_port="9101"))
+    result.only("ERROR", f"{tmp_path}/scheduler-config.yaml:data[config.yaml].{where}", "9101")
+    result = lint_profile(capsys, tmp_path, profile(), deployment(gas_host="10.0.0.5"))
+    result.only("ERROR", f"{tmp_path}/scheduler-config.yaml:data[config.yaml].{where}", "10.0.0.5")
+
+
+def test_the_default_scheduler_calling_gas_on_loopback_is_a_warning(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = copy.deepcopy(GAS_V1)
+    config["extenders"][0]["urlPrefix"] = "https://127.0.0.1:9001"
+    result = lint(capsys, tmp_path, config)
+    result.only("WARNING", "extenders[0].urlPrefix", "Service")
+    # A kubeadm configuration keeps its kubeconfig warning; a scheduler of gas's own runs
+    # on its ServiceAccount.
+    del config["clientConnection"]
+    assert lint(capsys, tmp_path, config).findings("WARNING", "clientConnection")
+    assert profile()["clientConnection"]["kubeconfig"] == ""
+    config = profile()
+    del config["clientConnection"]
+    assert lint_profile(capsys, tmp_path, config).lines == ["OK"]
+
+
+def test_a_configmap_holding_something_else_than_a_configuration(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    text = wrapped(profile()).replace(
+        "kind: KubeSchedulerConfiguration", "kind: KubeSchedulerConfiguration\n    - x"
+    )
+    result = lint(capsys, tmp_path, text)
+    result.only("ERROR", "data[config.yaml]", "not valid YAML")

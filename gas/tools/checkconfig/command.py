@@ -17,6 +17,7 @@ from gas.tools.checkconfig.policy import (
     check_policy_configmap,
     policy_text,
 )
+from gas.tools.checkconfig.profile import Workload, find_workload
 from gas.tools.checkconfig.values import CONFIG_GROUP, FORMS, Version, parse_version
 
 
@@ -31,6 +32,11 @@ def check(sources: list[Source], version: Version | None) -> ConfigReport:
         for doc in source.documents
         if isinstance(doc, LocatedMap) and doc.get("kind") in RBAC_KINDS
     ]
+    # The Deployment that runs the scheduler, when given: its flags are held against the
+    # configuration.
+    workload = find_workload(
+        [doc for source in sources for doc in source.documents if isinstance(doc, LocatedMap)]
+    )
     found = False
     for source in sources:
         documents = [d for d in source.documents if d is not None]
@@ -43,25 +49,15 @@ def check(sources: list[Source], version: Version | None) -> ConfigReport:
                 continue
             start = len(report.findings)
             kind = doc.get("kind")
-            api_version = doc.get("apiVersion")
             if kind == "KubeSchedulerConfiguration":
                 found = True
-                form = FORMS.get(str(api_version))
-                if form is None:
-                    checker.error(
-                        "apiVersion",
-                        f"unknown apiVersion {api_version!r} for KubeSchedulerConfiguration: "
-                        "use kubescheduler.config.k8s.io/v1 (Kubernetes 1.25+) or v1beta3 "
-                        "(1.23-1.28)",
-                        line_of(doc, "apiVersion"),
-                    )
-                    form = FORMS[CONFIG_GROUP + "v1"]
-                check_scheduler_configuration(checker, doc, form)
+                _configuration(checker, doc, workload)
             elif kind == "Policy":
                 found = True
                 check_policy(checker, doc)
             elif kind == "ConfigMap":
                 text, offset, problem = policy_text(doc)
+                wrapped = configuration_text(doc)
                 if problem is not None:
                     found = True
                     checker.error("data", problem, line_of(doc, "data"))
@@ -69,6 +65,9 @@ def check(sources: list[Source], version: Version | None) -> ConfigReport:
                     found = True
                     checker.duplicates(doc, policy=True)
                     check_policy_configmap(checker, doc, text, offset, rbac or None)
+                elif wrapped is not None:
+                    found = True
+                    _wrapped_configuration(checker, doc, wrapped, workload)
             elif kind is None and "extenders" in doc:
                 found = True
                 checker.error(
@@ -92,15 +91,74 @@ def check(sources: list[Source], version: Version | None) -> ConfigReport:
     elif not found:
         report.error(
             labels,
-            "no KubeSchedulerConfiguration, Policy or Policy ConfigMap (key policy.cfg) found",
+            "no KubeSchedulerConfiguration (raw or in a ConfigMap), Policy or Policy ConfigMap "
+            "(key policy.cfg) found",
         )
     return report
+
+
+def _configuration(checker: Checker, doc: LocatedMap, workload: Workload | None) -> None:
+    api_version = doc.get("apiVersion")
+    form = FORMS.get(str(api_version))
+    if form is None:
+        checker.error(
+            "apiVersion",
+            f"unknown apiVersion {api_version!r} for KubeSchedulerConfiguration: "
+            "use kubescheduler.config.k8s.io/v1 (Kubernetes 1.25+) or v1beta3 "
+            "(1.23-1.28)",
+            line_of(doc, "apiVersion"),
+        )
+        form = FORMS[CONFIG_GROUP + "v1"]
+    check_scheduler_configuration(checker, doc, form, workload)
+
+
+def configuration_text(doc: LocatedMap) -> tuple[str, str, int] | None:
+    """(key, text, line offset) of a KubeSchedulerConfiguration held in a ConfigMap's data
+    (the any-cluster scheduler's configuration file), or None."""
+    data = doc.get("data")
+    if not isinstance(data, LocatedMap):
+        return None
+    for key, value in data.items():
+        if isinstance(value, str) and "KubeSchedulerConfiguration" in value:
+            line, style = data.value_lines.get(key, (1, None))
+            # A block scalar's text starts on the line after its indicator.
+            return str(key), value, line if style in ("|", ">") else line - 1
+    return None
+
+
+def _wrapped_configuration(
+    checker: Checker, doc: LocatedMap, wrapped: tuple[str, str, int], workload: Workload | None
+) -> None:
+    key, text, offset = wrapped
+    checker.duplicates(doc)
+    where = f"data[{key}]"
+    try:
+        documents = [d for d in parse_documents(text, offset) if d is not None]
+    except ParseError as exc:
+        checker.error(where, str(exc), exc.line)
+        return
+    if len(documents) != 1 or not isinstance(documents[0], LocatedMap):
+        checker.error(where, "must hold one KubeSchedulerConfiguration", line_of(doc, "data"))
+        return
+    inner = Checker(checker.report, checker.version, f"{checker.prefix}{where}.")
+    config = documents[0]
+    if config.get("kind") != "KubeSchedulerConfiguration":
+        inner.error(
+            "kind",
+            f'must be "KubeSchedulerConfiguration", not {config.get("kind")!r}',
+            line_of(config, "kind"),
+        )
+        return
+    _configuration(inner, config, workload)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Check a kube-scheduler configuration that registers gas: KubeSchedulerConfiguration "
-        "(v1, v1beta3), the legacy Policy JSON, or a Policy ConfigMap (key policy.cfg). "
+        "(v1, v1beta3; raw, or in a ConfigMap as deploy/any-cluster holds it), the legacy "
+        "Policy JSON, or a Policy ConfigMap (key policy.cfg). A scheduler of gas's own (no "
+        "default-scheduler profile) is checked against the Deployment that runs it, when "
+        "given too: the webhook's --schedulerName, gas's --schedulerLease and --port. "
         "Prints one line per finding (ERROR or WARNING, the field, the problem), or OK; "
         "exits 1 if there is an ERROR. RBAC objects given alongside a Policy ConfigMap are "
         "checked for letting kube-scheduler read it."

@@ -5,6 +5,12 @@ from __future__ import annotations
 from gas.tools.checkconfig.checker import Checker
 from gas.tools.checkconfig.extenders import check_extenders
 from gas.tools.checkconfig.load import LocatedMap, join_path, line_of
+from gas.tools.checkconfig.profile import (
+    Workload,
+    check_default_profile_url,
+    check_second_scheduler,
+    second_scheduler,
+)
 from gas.tools.checkconfig.values import Form, type_name
 
 CLIENT_CONNECTION_FIELDS = ("kubeconfig", "acceptContentTypes", "contentType", "qps", "burst")
@@ -24,7 +30,12 @@ CONFIG_FIELDS = (
 )
 
 
-def check_scheduler_configuration(checker: Checker, doc: LocatedMap, form: Form) -> None:
+def check_scheduler_configuration(
+    checker: Checker, doc: LocatedMap, form: Form, workload: Workload | None = None
+) -> None:
+    """The configuration's own fields and its extenders; a scheduler of gas's own (no
+    default-scheduler profile) also by the rules of that form, held to ``workload``'s
+    flags when the Deployment that runs it was given too."""
     checker.duplicates(doc)
     checker.versions(form, "apiVersion", line_of(doc, "apiVersion"))
     if "kubeconfig" in doc:
@@ -43,7 +54,8 @@ def check_scheduler_configuration(checker: Checker, doc: LocatedMap, form: Form)
         strict=False,
         ignore=("kubeconfig",),
     )
-    _client_connection(checker, doc, form)
+    second = second_scheduler(doc)
+    _client_connection(checker, doc, form, in_cluster=second)
     profiles = doc.get("profiles")
     if isinstance(profiles, list):
         for index, profile in enumerate(profiles):
@@ -55,9 +67,15 @@ def check_scheduler_configuration(checker: Checker, doc: LocatedMap, form: Form)
                     line_of(profile, "extenders"),
                 )
     check_extenders(checker, doc, form)
+    if second:
+        check_second_scheduler(checker, doc, workload)
+    else:
+        check_default_profile_url(checker, doc)
 
 
-def _client_connection(checker: Checker, doc: LocatedMap, form: Form) -> None:
+def _client_connection(checker: Checker, doc: LocatedMap, form: Form, in_cluster: bool) -> None:
+    """``in_cluster``: a scheduler run as a workload, where no kubeconfig means the pod's
+    ServiceAccount (the in-cluster configuration), as it should."""
     connection = doc.get("clientConnection")
     consequence = (
         "with --config, kube-scheduler ignores its --kubeconfig flag and falls back to "
@@ -65,7 +83,8 @@ def _client_connection(checker: Checker, doc: LocatedMap, form: Form) -> None:
         "clientConnection.kubeconfig (e.g. /etc/kubernetes/scheduler.conf)"
     )
     if connection is None:
-        checker.warning("clientConnection", f"missing: {consequence}", doc.line)
+        if not in_cluster:
+            checker.warning("clientConnection", f"missing: {consequence}", doc.line)
         return
     if not isinstance(connection, LocatedMap):
         checker.error(
@@ -84,7 +103,7 @@ def _client_connection(checker: Checker, doc: LocatedMap, form: Form) -> None:
     kubeconfig = connection.get("kubeconfig")
     if kubeconfig is not None and not isinstance(kubeconfig, str):
         checker.expect_type(connection, "kubeconfig", "clientConnection", str, "a string")
-    elif not kubeconfig:
+    elif not kubeconfig and not in_cluster:
         checker.warning(
             "clientConnection.kubeconfig",
             f"empty: {consequence}",
