@@ -13,7 +13,7 @@ Deployment given alongside a scheduler of gas's own, for agreeing with its confi
 
 Modules: `load` (YAML/JSON with line numbers), `values` (formats and value rules),
 `checker` (findings and the generic shape checks), `configuration`
-(KubeSchedulerConfiguration), `profile` (a scheduler of gas's own, deployed as a workload),
+(KubeSchedulerConfiguration), `workload` (a scheduler of gas's own, deployed as a workload),
 `policy` (the legacy Policy, its ConfigMap and RBAC),
 `extenders` (the extender entries and the one that is gas), `command` (`check` and the
 command line). Nothing is imported here: `gas` loads `command` to build its parser.

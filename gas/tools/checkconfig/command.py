@@ -17,8 +17,8 @@ from gas.tools.checkconfig.policy import (
     check_policy_configmap,
     policy_text,
 )
-from gas.tools.checkconfig.profile import Workload, find_workload
 from gas.tools.checkconfig.values import CONFIG_GROUP, FORMS, Version, parse_version
+from gas.tools.checkconfig.workload import Workload, find_workload
 
 
 def check(sources: list[Source], version: Version | None) -> ConfigReport:

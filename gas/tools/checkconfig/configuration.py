@@ -5,13 +5,13 @@ from __future__ import annotations
 from gas.tools.checkconfig.checker import Checker
 from gas.tools.checkconfig.extenders import check_extenders
 from gas.tools.checkconfig.load import LocatedMap, join_path, line_of
-from gas.tools.checkconfig.profile import (
+from gas.tools.checkconfig.values import Form, type_name
+from gas.tools.checkconfig.workload import (
     Workload,
     check_default_profile_url,
     check_second_scheduler,
     second_scheduler,
 )
-from gas.tools.checkconfig.values import Form, type_name
 
 CLIENT_CONNECTION_FIELDS = ("kubeconfig", "acceptContentTypes", "contentType", "qps", "burst")
 CONFIG_FIELDS = (
