@@ -26,8 +26,37 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 _KINDS = ("unit", "integration")
 
+SOAK_SECONDS_PER_OPERATION = 0.1
+"""Time a soak test gets per operation, on top of the per-test timeout: an operation takes
+about 30 ms on this project's 2-core machines (docs/development.md), the rest is room for
+a loaded machine."""
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+
+def soak_size(config: pytest.Config) -> int:
+    """Operations asked for by `--soak [N]` or GAS_SOAK=N; 0 when not asked for."""
+    value = config.getoption("--soak")
+    if value is None:
+        value = int(os.environ.get("GAS_SOAK") or 0)
+    return int(value)
+
+
+def _timeout_of(item: pytest.Item) -> float:
+    """The per-test timeout pytest-timeout would give the item, as it works it out: the
+    item's own marker, else --timeout, else PYTEST_TIMEOUT, else the ini file; 0 is none."""
+    marker = item.get_closest_marker("timeout")
+    if marker is not None and marker.args:
+        return float(marker.args[0])
+    for value in (
+        item.config.getoption("timeout", None),
+        os.environ.get("PYTEST_TIMEOUT"),
+        item.config.getini("timeout"),
+    ):
+        if value not in (None, ""):
+            return float(value)
+    return 0.0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The folder says the kind: `-m unit` is the quick loop (pure, in-process, seconds).
     for item in items:
         kind = next(
@@ -35,15 +64,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         )
         if kind is not None:
             item.add_marker(kind)
+    # A soak runs its asked size: its timeout grows with it (none stays none).
+    operations = soak_size(config)
+    for item in items:
+        if operations and "soak_operations" in getattr(item, "fixturenames", ()):
+            base = _timeout_of(item)
+            if base > 0:
+                item.add_marker(pytest.mark.timeout(base + operations * SOAK_SECONDS_PER_OPERATION))
 
 
 @pytest.fixture
 def soak_operations(request: pytest.FixtureRequest) -> int:
     """Operations for a soak run of the randomised workload; 0 when not asked for."""
-    value = request.config.getoption("--soak")
-    if value is None:
-        value = int(os.environ.get("GAS_SOAK") or 0)
-    return int(value)
+    return soak_size(request.config)
 
 
 @pytest.fixture(scope="session")

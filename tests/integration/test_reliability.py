@@ -8,11 +8,15 @@ shows them). `--soak [N]` (or GAS_SOAK=N) runs a long one.
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -149,6 +153,69 @@ def test_soak(
         apiserver, gas, scheduler_for(gas, seed), seed, soak_operations, faults, name="soak"
     )
     assert workload.stats.violations == 0
+
+
+# What a soak operation took on this project's machines (issue 17: 12,093 operations in
+# 343 s); a soak's timeout must leave it at least this rate, and some room.
+MEASURED_SECONDS_PER_OPERATION = 343 / 12_093
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_OF_SOAK = """
+import sys, pytest
+from pytest_timeout import _get_item_settings  # how the plugin itself works it out
+class Report:
+    def pytest_collection_finish(self, session):
+        (item,) = session.items
+        print("TIMEOUT", _get_item_settings(item).timeout or 0)
+sys.exit(pytest.main(["-q", "--co", "-p", "no:cacheprovider", *sys.argv[1:]], plugins=[Report()]))
+"""
+
+
+def _soak_timeout(*args: str, env: dict[str, str] | None = None) -> float:
+    done = subprocess.run(
+        [sys.executable, "-c", TIMEOUT_OF_SOAK, f"{__file__}::test_soak", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "GAS_SOAK"} | (env or {}),
+    )
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("TIMEOUT ")]
+    return float(line.split()[1])
+
+
+def test_a_soak_has_time_for_its_size() -> None:
+    assert _soak_timeout() == 120  # no soak asked for: the suite's timeout
+    documented = 50_000  # `--soak` alone, as conftest's help and test_soak say
+    timeout = _soak_timeout("--soak")
+    assert timeout >= 1.5 * documented * MEASURED_SECONDS_PER_OPERATION
+    # It grows with the size, from the timeout it is given; GAS_SOAK is the same as --soak.
+    small = _soak_timeout("--timeout=10", env={"GAS_SOAK": "1000"})
+    assert 10 + 1000 * MEASURED_SECONDS_PER_OPERATION < small < timeout
+    assert _soak_timeout("--soak", "--timeout=0") == 0  # none stays none
+
+
+def test_a_small_soak_outlasts_a_tiny_base_timeout() -> None:
+    """Started with a 3 s per-test timeout, a soak of 150 operations (about 5 s of work,
+    plus starting gas) still runs to the end: its own timeout follows its size."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--timeout=3",
+            "--soak=150",
+            f"{__file__}::test_soak",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=110,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "1 passed" in done.stdout
 
 
 # ------------------------------------------------------------------ Binding timeouts
