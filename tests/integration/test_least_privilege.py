@@ -12,6 +12,7 @@ import json
 import signal
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from tests.support.apiserver import (
     RbacRequest,
     rbac_grants_from_manifests,
 )
+from tests.support.apiserver.kinds import LEASES
 from tests.support.fakesysfs import GIB, FakeCard, remove_card, write_sysfs
 from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.ledger_checks import ledger_of, wait_for_nodes
@@ -44,13 +46,20 @@ from tests.support.polling import wait_for
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE_ACCOUNT = ("gas-system", "gas")
 NODE_ACCOUNT = ("gas-system", "gas-node")
+# The any-cluster install: kube-scheduler, gas and the webhook share this account.
+SCHEDULER_ACCOUNT = ("gas-system", "gas-scheduler")
+SCHEDULER_LEASE = "gas-scheduler"
 DESCHEDULE_CARD0 = "telemetry.aware.scheduling.policy/gas-deschedule-pods-card0"
 
 
 def deploy_grants(account: tuple[str, str] = SERVICE_ACCOUNT) -> list[RbacGrant]:
+    """What deploy/ grants: both ways of installing and their shared base. The bootstrap
+    roles the scheduler's account is also bound to (system:kube-scheduler...) are the API
+    server's, not in deploy/: they grant nothing here, so gas must live on its own rules."""
     documents: list[Any] = []
-    for path in sorted((ROOT / "deploy").glob("*.yaml")):
-        documents.extend(yaml.safe_load_all(path.read_text()))
+    for path in sorted((ROOT / "deploy").rglob("*.yaml")):
+        if path.name != "kustomization.yaml":
+            documents.extend(yaml.safe_load_all(path.read_text()))
     return rbac_grants_from_manifests(documents, account)
 
 
@@ -233,6 +242,111 @@ def test_leader_election_leases_are_granted(
     leases = [(m, p) for m, p in enforcing.requests if "/leases" in p]
     assert any(m == "POST" for m, _ in leases) or any(m == "PUT" for m, _ in leases)
     assert enforcing.denied == [], f"leader election needed more RBAC: {enforcing.denied}"
+
+
+# ------------------------------------------------------------------ the scheduler's account
+
+
+@pytest.fixture
+def enforcing_scheduler() -> Iterator[ApiServerDouble]:
+    with ApiServerDouble(rbac=deploy_grants(SCHEDULER_ACCOUNT)) as double:
+        double.rbac_user = "system:serviceaccount:gas-system:gas-scheduler"
+        yield double
+
+
+def _scheduler_holds_lease(double: ApiServerDouble, holder: str) -> None:
+    """kube-scheduler's Lease as it writes it, held by `holder` (`<hostname>_<uuid>`)."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    lease = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": SCHEDULER_LEASE, "namespace": "gas-system"},
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": 3600,
+            "acquireTime": now,
+            "renewTime": now,
+            "leaseTransitions": 0,
+        },
+    }
+    with double.store.lock:
+        double.store.create_locked(LEASES, "gas-system", lease, from_http=False)
+
+
+def test_gas_following_the_schedulers_lease_lives_on_the_scheduler_accounts_rbac(
+    enforcing_scheduler: ApiServerDouble,
+    tmp_path: Path,
+    tls_files: TLSFiles,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`gas serve --schedulerLease` as deploy/any-cluster runs it: it reads the scheduler's
+    Lease, lists and watches, binds and emits Events on the gas-scheduler account's rules,
+    and writes no Lease."""
+    if not _takes_scheduler_lease():
+        pytest.skip("this build of gas serve has no --schedulerLease yet")
+    api = enforcing_scheduler
+    api.add_node(gpu_node("n1", "0.1", i915="2", memory_max="8Gi"))
+    monkeypatch.setenv("POD_NAME", "gas-scheduler-abc12")
+    _scheduler_holds_lease(api, "gas-scheduler-abc12_6c2a8e0e-1b5e-4bd3-9d6e-0f0c3f0a9b11")
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    args = ["--kubeConfig", kubeconfig, "--schedulerLease", SCHEDULER_LEASE]
+    args += ["--leaderElectNamespace", "gas-system", "--bindEvents"]
+    gas = GasProcess(args, tmp_path / "gas.log", tls_files)
+    try:
+        gas.wait_ready()
+        wait_for_nodes(gas, "n1")
+        pod = api.add_pod(gpu_pod("p", container(i915="1", memory_max="1Gi")))
+        assert filter_call(gas, pod, ["n1"])["NodeNames"] == ["n1"]
+        assert gas.bind(pod, "n1") == ""
+        wait_for(lambda: len(api.events) >= 1, what="the bind Event")
+        time.sleep(0.3)  # let any trailing request land
+    finally:
+        gas.stop(signal.SIGTERM)
+    leases = {(m, p.split("?")[0]) for m, p in api.requests if "/leases" in p}
+    assert leases == {
+        ("GET", f"/apis/coordination.k8s.io/v1/namespaces/gas-system/leases/{SCHEDULER_LEASE}")
+    }
+    assert api.denied == [], f"gas needed more than deploy/any-cluster grants: {api.denied}"
+    assert "Forbidden" not in gas.log()
+
+
+def test_scheduler_account_is_refused_the_rest(
+    enforcing_scheduler: ApiServerDouble, tmp_path: Path
+) -> None:
+    """Of deploy/'s own rules: gas's reads and Bindings, and one Lease; no Secret, no other
+    Lease, no node write. (The bootstrap roles it is also bound to are asked of the real
+    authorizer in test_real_control_plane.)"""
+    grants = deploy_grants(SCHEDULER_ACCOUNT)
+
+    def allowed(verb: str, group: str, resource: str, sub: str, ns: str, name: str) -> bool:
+        return any(g.allows(RbacRequest(verb, group, resource, sub, ns, name)) for g in grants)
+
+    lease = ("coordination.k8s.io", "leases", "")
+    assert allowed("get", *lease, "gas-system", SCHEDULER_LEASE)
+    assert allowed("update", *lease, "gas-system", SCHEDULER_LEASE)
+    assert not allowed("update", *lease, "gas-system", "gas-extender")
+    assert not allowed("get", *lease, "kube-system", SCHEDULER_LEASE)
+    assert allowed("create", "", "pods", "binding", "team-a", "p")
+    assert not allowed("list", "", "secrets", "", "gas-system", "")
+    assert not allowed("patch", "", "nodes", "", "", "n1")
+    enforcing_scheduler.add_node({"metadata": {"name": "n1"}})
+    api = core_api(enforcing_scheduler, tmp_path)
+    node: Any = {"metadata": {"labels": {"x": "y"}}}
+    for call in (lambda: api.patch_node("n1", node), lambda: api.list_namespaced_event("x")):
+        with pytest.raises(kubernetes.client.ApiException) as caught:
+            call()
+        assert caught.value.status == 403
+        assert "system:serviceaccount:gas-system:gas-scheduler" in (caught.value.body or "")
+
+
+def _takes_scheduler_lease() -> bool:
+    from gas.cli import _go_style, build_parser
+
+    try:
+        build_parser().parse_args(_go_style(["serve", "--schedulerLease=x"]))
+    except SystemExit:
+        return False
+    return True
 
 
 # ------------------------------------------------------------------ helpers

@@ -533,8 +533,9 @@ def _scheduler_pod() -> dict[str, Any]:
 
 
 def _container(name: str) -> dict[str, Any]:
-    (found,) = [c for c in _scheduler_pod()["containers"] if c["name"] == name]
-    return found
+    found: list[dict[str, Any]] = [c for c in _scheduler_pod()["containers"] if c["name"] == name]
+    assert len(found) == 1, name
+    return found[0]
 
 
 def _flags(args: list[str]) -> dict[str, str]:

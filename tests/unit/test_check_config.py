@@ -762,7 +762,7 @@ def wrapped(config: dict[str, Any]) -> str:
 def deployment(**flags: str) -> dict[str, Any]:
     """deploy/any-cluster's Deployment with some container flags changed (`gas_port=9101`,
     `webhook_schedulerName=x`), or the Deployment's own fields (`replicas`, `namespace`)."""
-    (doc,) = yaml.safe_load_all(PROFILE_DEPLOYMENT.read_text())
+    doc: dict[str, Any] = yaml.safe_load(PROFILE_DEPLOYMENT.read_text())
     for key, value in flags.items():
         if key == "replicas":
             doc["spec"]["replicas"] = int(value)
