@@ -65,6 +65,7 @@ class Plan:
     force: bool
     webhook_namespace: str
     webhook_service: str
+    validating_webhook: bool
 
     def path(self, name: str) -> str:
         return os.path.join(self.out, name)
@@ -119,6 +120,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--webhookService", default="gas-webhook", help="the webhook's Service (gas-webhook)"
+    )
+    parser.add_argument(
+        "--validatingWebhook",
+        action="store_true",
+        help="write a ValidatingWebhookConfiguration, for gas webhook --validateOnly "
+        "(kubeadm installs), instead of the MutatingWebhookConfiguration",
     )
     parser.add_argument(
         "--force", action="store_true", help="overwrite files that already exist in --out"
@@ -180,6 +187,7 @@ def _plan(args: argparse.Namespace) -> Plan:
         force=args.force,
         webhook_namespace=args.webhookNamespace,
         webhook_service=args.webhookService,
+        validating_webhook=args.validatingWebhook,
     )
 
 
@@ -265,10 +273,11 @@ def _generate(plan: Plan) -> list[tuple[str, str]]:
     except OSError as exc:
         raise CertsError(f"cannot write to {plan.out}: {exc.strerror or exc}") from None
     written = [(plan.path(name), what) for name, _, what in outputs]
+    kind = "Validating" if plan.validating_webhook else "Mutating"
     written.append(
         (
             plan.path(WEBHOOK_CONFIGURATION_FILE),
-            "the MutatingWebhookConfiguration gas-webhook, its caBundle this CA",
+            f"the {kind}WebhookConfiguration gas-webhook, its caBundle this CA",
         )
     )
     return written
@@ -288,7 +297,10 @@ def _webhook_configuration_yaml(plan: Plan, ca_pem: bytes) -> str:
     from gas.tools.webhook_config import webhook_configuration
 
     body = webhook_configuration(
-        ca_pem, namespace=plan.webhook_namespace, service=plan.webhook_service
+        ca_pem,
+        namespace=plan.webhook_namespace,
+        service=plan.webhook_service,
+        validate_only=plan.validating_webhook,
     )
     text: str = yaml.safe_dump(body, sort_keys=False)
     return text

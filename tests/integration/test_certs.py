@@ -414,6 +414,19 @@ def test_webhook_namespace_and_service_flags(
     assert "kubectl -n gpu create secret tls gas-webhook-tls" in out
 
 
+def test_validating_webhook_configuration_for_kubeadm_installs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, _ = run_certs(capsys, "--out", str(tmp_path), "--validatingWebhook")
+    assert status == 0
+    assert "the ValidatingWebhookConfiguration gas-webhook" in out
+    written = yaml.safe_load((tmp_path / "webhook-configuration.yaml").read_text())
+    ca_pem = (tmp_path / "ca.crt").read_bytes()
+    assert written == webhook_configuration(ca_pem, validate_only=True)
+    assert written["kind"] == "ValidatingWebhookConfiguration"
+    assert "reinvocationPolicy" not in written["webhooks"][0]
+
+
 @pytest.mark.parametrize(
     ("args", "complaint"),
     [

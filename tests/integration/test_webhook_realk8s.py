@@ -180,3 +180,51 @@ def test_with_the_webhook_down_only_gpu_pods_are_refused(cluster: Cluster) -> No
     status, created = create(cluster, pod("gpu-after"))
     assert status == 201, created
     assert created["spec"]["schedulerName"] == "gas-scheduler"
+
+
+def test_validate_only_for_kubeadm_installs(cluster: Cluster) -> None:
+    """The ValidatingWebhookConfiguration of `gas certs --validatingWebhook` with `gas
+    webhook --validateOnly`: bad GPU pods refused, good ones left to the default scheduler."""
+    plane = cluster.plane
+    validating_path = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+    port = free_port()
+    checker = WebhookProcess(
+        ["--validateOnly"], cluster.workdir / "validating.log", cluster.tls, port
+    )
+    try:
+        checker.wait_status("/readyz", 200)
+        status, answer = plane.request("DELETE", f"{CONFIGURATIONS}/gas-webhook", None)
+        assert status == 200, answer
+        configuration = webhook_configuration(
+            Path(cluster.tls.ca).read_bytes(),
+            url=f"https://127.0.0.1:{port}/admission/pods",
+            validate_only=True,
+        )
+        status, answer = plane.request("POST", validating_path, configuration)
+        assert status == 201, answer
+        # Not a fractional quantity: the API server's own validation, which comes before
+        # validating webhooks, refuses that itself (422).
+        bad = pod("bad-validated", annotations={"gas-policy": "tightest"})
+        deadline = time.monotonic() + 30
+        while (status := create(cluster, bad, dry_run=True)[0]) == 201:
+            assert time.monotonic() < deadline, checker.log()
+            time.sleep(0.2)
+        status, answer = create(cluster, bad)
+        assert status == 403
+        assert answer["message"] == (
+            f'admission webhook "{WEBHOOK_NAME}" denied the request: gpu: pod annotation '
+            "gas-policy is 'tightest', not one of first-fit, binpack, spread"
+        )
+        status, created = create(cluster, pod("good-validated"))
+        assert status == 201, created
+        assert created["spec"]["schedulerName"] == "default-scheduler"
+        assert "refused pod apps/bad-validated" in checker.log()
+    finally:
+        checker.stop()
+        plane.request("DELETE", f"{validating_path}/gas-webhook", None)
+        configuration = webhook_configuration(
+            Path(cluster.tls.ca).read_bytes(),
+            url=f"https://127.0.0.1:{cluster.port}/admission/pods",
+        )
+        plane.request("POST", CONFIGURATIONS, configuration)
+    wait_registered(cluster)
