@@ -13,6 +13,7 @@ will not place).
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,15 +40,20 @@ class Review:
 
 def review(body: bytes, settings: Settings) -> Review:
     """The AdmissionReview response for the AdmissionReview request in `body`."""
+    return respond(wire.decode_object(body), settings)
+
+
+def respond(document: Mapping[str, Any], settings: Settings) -> Review:
+    """The AdmissionReview response for the decoded AdmissionReview `document`: no I/O."""
     # Top-level keys read case-insensitively, as Go's decoder reads them.
-    document = wire.decode_object(body)
-    version, kind = document.get("apiversion"), document.get("kind")
+    folded = {str(key).lower(): value for key, value in document.items()}
+    version, kind = folded.get("apiversion"), folded.get("kind")
     if version != API_VERSION or kind != KIND:
         raise BadRequest(
             f"body must be an {KIND} of {API_VERSION}, not kind {str(kind)[:40]!r} "
             f"of {str(version)[:40]!r}"
         )
-    request = document.get("request")
+    request = folded.get("request")
     if not isinstance(request, dict):
         raise BadRequest(f"{KIND}.request must be an object")
     uid = request.get("uid")

@@ -372,3 +372,12 @@ def test_generate_name_pods_are_named_by_their_prefix() -> None:
     pod["metadata"]["generateName"] = "job-"
     answered = admission.review(encode(review_request(pod)), Settings())
     assert answered.pod == "default/job-*"
+
+
+def test_respond_answers_a_decoded_review_as_review_answers_its_bytes() -> None:
+    request = review_request(gpu_pod(), uid="same")
+    from_bytes = admission.review(encode(request), Settings())
+    assert admission.respond(request, Settings()) == from_bytes
+    # Top-level names are read as Go reads them: case-insensitively.
+    shouted = {key.upper(): value for key, value in request.items()}
+    assert admission.respond(shouted, Settings()).body == from_bytes.body
