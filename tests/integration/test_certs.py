@@ -489,3 +489,14 @@ def test_gas_webhook_serves_the_certificate_under_the_service_name(
             context.wrap_socket(raw, server_hostname="gas-webhook.default.svc").close()
     finally:
         process.stop()
+
+
+def test_server_certificate_serves_loopback_without_being_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """kube-scheduler calls gas at https://127.0.0.1:9001 in the scheduler profile."""
+    assert run_certs(capsys, "--out", str(tmp_path))[0] == 0
+    store = Store([load(tmp_path, "ca.crt")])
+    server = load(tmp_path, "tls.crt")
+    for name in (DNSName("localhost"), IPAddress(ipaddress.ip_address("127.0.0.1"))):
+        PolicyBuilder().store(store).build_server_verifier(name).verify(server, [])
