@@ -64,7 +64,11 @@ def create(
 
 def start_webhook(workdir: Path, tls: TLSFiles, port: int, name: str) -> WebhookProcess:
     process = WebhookProcess([], workdir / f"{name}.log", tls, port=port)
-    process.wait_status("/readyz", 200)
+    try:
+        process.wait_status("/readyz", 200)
+    except BaseException:
+        process.stop()
+        raise
     return process
 
 
@@ -74,9 +78,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     # A CA and the webhook's certificate for 127.0.0.1, the host of the URL registered.
     tls = make_tls_files(workdir)
     port = free_port()
-    webhook = start_webhook(workdir, tls, port, "webhook-0")
     with realk8s.ControlPlane(workdir / "plane") as plane:
-        cluster = Cluster(plane, webhook, tls, port, workdir)
+        cluster = Cluster(plane, start_webhook(workdir, tls, port, "webhook-0"), tls, port, workdir)
         try:
             for namespace in (APPS, "kube-system"):
                 plane.prepare_namespace(namespace)
