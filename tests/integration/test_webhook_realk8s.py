@@ -231,3 +231,15 @@ def test_validate_only_for_kubeadm_installs(cluster: Cluster) -> None:
         )
         plane.request("POST", CONFIGURATIONS, configuration)
     wait_registered(cluster)
+
+
+def test_an_opt_out_that_is_not_true_is_warned_at_kubectl_apply(cluster: Cluster) -> None:
+    odd = pod("odd-opt-out", annotations={"gas-keep-scheduler": "yes"})
+    done = cluster.plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(odd))
+    assert done.stdout.strip() == "pod/odd-opt-out created"
+    assert (
+        "Warning: annotation gas-keep-scheduler is 'yes', not \"true\": the pod is sent to "
+        "gas-scheduler"
+    ) in done.stderr
+    status, stored = cluster.plane.request("GET", f"/api/v1/namespaces/{APPS}/pods/odd-opt-out")
+    assert status == 200 and stored["spec"]["schedulerName"] == "gas-scheduler"
