@@ -59,6 +59,63 @@ def _duration(value: str) -> float:
     return nanoseconds / NANOSECONDS_PER_SECOND
 
 
+def _add_replica_flags(parser: argparse.ArgumentParser) -> None:
+    """Several replicas: leader election of gas's own, or following kube-scheduler's."""
+    _add_bool(
+        parser,
+        "--leaderElect",
+        "run several replicas: only the holder of the gas-extender Lease answers and is ready",
+    )
+    parser.add_argument(
+        "--leaderElectNamespace",
+        default="",
+        help="namespace of the Lease (POD_NAMESPACE, else the pod's own namespace)",
+    )
+    parser.add_argument(
+        "--leaseDuration",
+        type=_duration,
+        default=15.0,
+        help="how long followers wait after the last renewal before taking over (15s)",
+    )
+    parser.add_argument(
+        "--renewDeadline",
+        type=_duration,
+        default=10.0,
+        help="the leader stops answering when it could not renew for this long (10s)",
+    )
+    parser.add_argument(
+        "--retryPeriod",
+        type=_duration,
+        default=2.0,
+        help="how often to renew or try to acquire the Lease; with --schedulerLease, how "
+        "often to read it (2s)",
+    )
+    parser.add_argument(
+        "--schedulerLease",
+        default="",
+        metavar="NAME",
+        help="hold no election: answer the scheduler only while kube-scheduler's Lease NAME "
+        "(in --leaderElectNamespace) is held by the kube-scheduler of this pod (POD_NAME, "
+        "else the hostname) and has not run out; every synced replica is ready",
+    )
+
+
+def _add_health_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--healthPort",
+        type=int,
+        default=0,
+        help="also serve GET /healthz and /readyz over plain HTTP on this port, for kubelet "
+        "probes, which present no client certificate (0: off)",
+    )
+    parser.add_argument(
+        "--healthHost",
+        default="0.0.0.0",
+        help="listen address of --healthPort (0.0.0.0, so probes reach it at the pod's IP "
+        "whatever --host is)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gas", description="GPU-aware scheduler extender for Kubernetes."
@@ -126,56 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
         "failure Events are always posted)",
     )
     serve.add_argument("--v", type=int, default=2, help="log verbosity: 0-3 info, 4+ debug")
-    _add_bool(
-        serve,
-        "--leaderElect",
-        "run several replicas: only the holder of the gas-extender Lease answers and is ready",
-    )
-    serve.add_argument(
-        "--leaderElectNamespace",
-        default="",
-        help="namespace of the Lease (POD_NAMESPACE, else the pod's own namespace)",
-    )
-    serve.add_argument(
-        "--leaseDuration",
-        type=_duration,
-        default=15.0,
-        help="how long followers wait after the last renewal before taking over (15s)",
-    )
-    serve.add_argument(
-        "--renewDeadline",
-        type=_duration,
-        default=10.0,
-        help="the leader stops answering when it could not renew for this long (10s)",
-    )
-    serve.add_argument(
-        "--retryPeriod",
-        type=_duration,
-        default=2.0,
-        help="how often to renew or try to acquire the Lease; with --schedulerLease, how "
-        "often to read it (2s)",
-    )
-    serve.add_argument(
-        "--schedulerLease",
-        default="",
-        metavar="NAME",
-        help="hold no election: answer the scheduler only while kube-scheduler's Lease NAME "
-        "(in --leaderElectNamespace) is held by the kube-scheduler of this pod (POD_NAME, "
-        "else the hostname) and has not run out; every synced replica is ready",
-    )
-    serve.add_argument(
-        "--healthPort",
-        type=int,
-        default=0,
-        help="also serve GET /healthz and /readyz over plain HTTP on this port, for kubelet "
-        "probes, which present no client certificate (0: off)",
-    )
-    serve.add_argument(
-        "--healthHost",
-        default="0.0.0.0",
-        help="listen address of --healthPort (0.0.0.0, so probes reach it at the pod's IP "
-        "whatever --host is)",
-    )
+    _add_replica_flags(serve)
+    _add_health_flags(serve)
 
     for name, (module_name, help_text) in COMMANDS.items():
         if importlib.util.find_spec(module_name) is None:
