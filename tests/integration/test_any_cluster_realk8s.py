@@ -1,0 +1,380 @@
+"""deploy/ against a real kube-apiserver and kube-scheduler (v1.28, `../shared/k8s`).
+
+Both ways of installing, rendered by the real `kubectl kustomize`, are applied server side;
+the real RBAC authorizer is asked what the accounts may do; and the any-cluster profile's
+configuration, as deploy/ renders it, is run by the real kube-scheduler with leader
+election on, under the gas-scheduler ServiceAccount's own token, beside a real
+`gas serve --schedulerLease`, to bind a GPU pod through gas.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from gas.core.model import ANNOTATION_CARDS, ANNOTATION_TS
+from tests.support import realk8s
+from tests.support.gasproc import GasProcess, TLSFiles
+from tests.support.objects import container, gpu_node, gpu_pod
+from tests.support.polling import wait_for
+
+pytestmark = [
+    pytest.mark.skipif(realk8s.missing() is not None, reason=str(realk8s.missing())),
+    pytest.mark.timeout(115),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+ANY_CLUSTER = DEPLOY / "any-cluster"
+NAMESPACE = "gas-system"
+SCHEDULER = "gas-scheduler"
+FIELD_MANAGER = "gas-deploy-test"
+
+
+def render(directory: Path) -> str:
+    done = subprocess.run(
+        [str(realk8s.binary("kubectl")), "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[realk8s.ControlPlane]:
+    """A control plane with both ways of installing applied, as an operator applies them
+    (server-side apply of `kubectl kustomize`'s output)."""
+    with realk8s.ControlPlane(tmp_path_factory.mktemp("plane")) as plane:
+        for directory in (DEPLOY, ANY_CLUSTER):
+            plane.kubectl(
+                "apply",
+                "--server-side",
+                f"--field-manager={FIELD_MANAGER}",
+                "-f",
+                "-",
+                input=render(directory),
+            )
+        yield plane
+
+
+def _objects(text: str) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def test_both_ways_apply_server_side_and_are_stored_as_written(
+    plane: realk8s.ControlPlane,
+) -> None:
+    for directory in (DEPLOY, ANY_CLUSTER):
+        for doc in _objects(render(directory)):
+            meta = doc["metadata"]
+            args = ["get", f"{doc['kind']}/{meta['name']}", "-o", "json"]
+            if "namespace" in meta:
+                args += ["-n", meta["namespace"]]
+            stored = json.loads(plane.kubectl(*args).stdout)
+            # Every field written survived the API server's validation and defaulting
+            # unchanged (a field it dropped would be a field the manifest misspelt).
+            assert _subset(_comparable(doc), stored), f"{doc['kind']} {meta['name']}"
+    # The webhook configuration kept its CEL match condition, unchanged.
+    stored = json.loads(
+        plane.kubectl("get", "mutatingwebhookconfiguration", "gas-webhook", "-o", "json").stdout
+    )
+    (webhook,) = stored["webhooks"]
+    assert webhook["matchConditions"][0]["name"] == "asks-for-intel-gpu"
+
+
+def _comparable(doc: dict[str, Any]) -> dict[str, Any]:
+    """A manifest as the API server stores it: ports and numbers normalised by YAML alone
+    stay equal, so compare as JSON values."""
+    loaded: dict[str, Any] = json.loads(json.dumps(doc))
+    return loaded
+
+
+def _subset(written: Any, stored: Any) -> bool:
+    if isinstance(written, dict):
+        return isinstance(stored, dict) and all(
+            key in stored and _subset(value, stored[key]) for key, value in written.items()
+        )
+    if isinstance(written, list):
+        return (
+            isinstance(stored, list)
+            and len(written) == len(stored)
+            and all(_subset(w, s) for w, s in zip(written, stored, strict=True))
+        )
+    return bool(written == stored)
+
+
+def can(plane: realk8s.ControlPlane, account: str, *request: str) -> bool:
+    """The real authorizer's answer for a ServiceAccount of gas's namespace."""
+    done = plane.kubectl(
+        "auth", "can-i", f"--as=system:serviceaccount:{NAMESPACE}:{account}", *request, check=False
+    )
+    answer = done.stdout.strip()
+    assert answer in ("yes", "no"), done.stderr
+    return answer == "yes"
+
+
+# What kube-scheduler and gas need, as the scheduler's account.
+SCHEDULER_NEEDS = [
+    # gas: the ledger's list+watch, bind with the annotations, Events, deschedule labels.
+    ("list", "nodes"),
+    ("watch", "nodes"),
+    ("watch", "pods", "--all-namespaces"),
+    ("create", "pods", "--subresource=binding", "-n", "team-a"),
+    ("patch", "pods", "-n", "team-a"),
+    ("create", "events", "-n", "team-a"),
+    ("create", "events.events.k8s.io", "-n", "team-a"),
+    # The Lease: kube-scheduler renews it, gas reads it.
+    ("get", "leases/gas-scheduler", "-n", NAMESPACE),
+    ("update", "leases/gas-scheduler", "-n", NAMESPACE),
+    ("create", "leases", "-n", NAMESPACE),
+    # kube-scheduler's own: preemption, status, its plugins' informers, volume binding.
+    ("delete", "pods", "-n", "team-a"),
+    ("patch", "pods", "--subresource=status", "-n", "team-a"),
+    ("list", "poddisruptionbudgets.policy", "--all-namespaces"),
+    ("list", "csinodes.storage.k8s.io"),
+    ("list", "storageclasses.storage.k8s.io"),
+    ("update", "persistentvolumeclaims", "-n", "team-a"),
+    ("list", "persistentvolumes"),
+    # Its HTTPS port's delegated authentication and authorisation.
+    ("get", "configmaps/extension-apiserver-authentication", "-n", "kube-system"),
+    ("create", "tokenreviews.authentication.k8s.io"),
+    ("create", "subjectaccessreviews.authorization.k8s.io"),
+]
+SCHEDULER_REFUSED = [
+    ("list", "secrets", "--all-namespaces"),
+    ("get", "secrets/gas-tls", "-n", NAMESPACE),
+    ("get", "configmaps/kubeadm-config", "-n", "kube-system"),
+    ("update", "leases/gas-extender", "-n", NAMESPACE),
+    ("get", "leases/gas-scheduler", "-n", "kube-system"),
+    ("patch", "nodes"),
+    ("delete", "nodes"),
+    ("create", "pods", "-n", "team-a"),
+    ("update", "pods", "-n", "team-a"),
+    ("update", "deployments.apps", "-n", NAMESPACE),
+    ("create", "mutatingwebhookconfigurations.admissionregistration.k8s.io"),
+    ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
+]
+
+
+def test_the_real_authorizer_allows_the_scheduler_what_it_needs_and_no_more(
+    plane: realk8s.ControlPlane,
+) -> None:
+    refused_needs = [r for r in SCHEDULER_NEEDS if not can(plane, SCHEDULER, *r)]
+    assert refused_needs == []
+    allowed_extras = [r for r in SCHEDULER_REFUSED if can(plane, SCHEDULER, *r)]
+    assert allowed_extras == []
+    # What Kubernetes' documented binding to system:kube-scheduler brings along: the
+    # default scheduler's Lease. The profile names its own, and `gas check-config` refuses
+    # a configuration that would take kube-system/kube-scheduler.
+    assert can(plane, SCHEDULER, "update", "leases/kube-scheduler", "-n", "kube-system")
+
+
+def test_the_real_authorizer_keeps_the_kubeadm_account_to_its_own_lease(
+    plane: realk8s.ControlPlane,
+) -> None:
+    assert can(plane, "gas", "create", "pods", "--subresource=binding", "-n", "team-a")
+    assert can(plane, "gas", "update", "leases/gas-extender", "-n", NAMESPACE)
+    assert not can(plane, "gas", "update", "leases/gas-scheduler", "-n", NAMESPACE)
+    assert not can(plane, "gas", "delete", "pods", "-n", "team-a")
+    assert not can(plane, "gas", "list", "secrets", "--all-namespaces")
+    assert not can(plane, "gas-node", "create", "pods", "--subresource=binding", "-n", "team-a")
+
+
+# ------------------------------------------------------------------ the profile, end to end
+
+
+def token_kubeconfig(plane: realk8s.ControlPlane, account: str, path: Path) -> str:
+    """A kubeconfig holding a token of the ServiceAccount (TokenRequest), as the pod's
+    in-cluster configuration would."""
+    token = plane.kubectl(
+        "create", "token", account, "-n", NAMESPACE, "--duration=1h"
+    ).stdout.strip()
+    ca = base64.b64encode(Path(plane.ca_file).read_bytes()).decode()
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "real", "cluster": {"server": plane.url, "certificate-authority-data": ca}}
+        ],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": "real", "context": {"cluster": "real", "user": account}}],
+        "current-context": "real",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return str(path)
+
+
+def gas_certs(directory: Path) -> TLSFiles:
+    """The files `gas certs` writes, as an operator makes them."""
+    done = subprocess.run(
+        [sys.executable, "-m", "gas.cli", "certs", "--out", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return TLSFiles(
+        ca=str(directory / "ca.crt"),
+        server_cert=str(directory / "tls.crt"),
+        server_key=str(directory / "tls.key"),
+        client_cert=str(directory / "client.crt"),
+        client_key=str(directory / "client.key"),
+    )
+
+
+def profile_configuration(kubeconfig: str, tls: TLSFiles, gas_port: int) -> dict[str, Any]:
+    """The profile's configuration as the rendered ConfigMap holds it, with what differs
+    outside a pod: the kubeconfig (a pod has its in-cluster one), the files of the mounted
+    Secret, and gas's port (a free one here)."""
+    (config_map,) = [
+        d
+        for d in _objects(render(ANY_CLUSTER))
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gas-scheduler-config"
+    ]
+    config: dict[str, Any] = yaml.safe_load(config_map["data"]["config.yaml"])
+    config["clientConnection"]["kubeconfig"] = kubeconfig
+    (extender,) = config["extenders"]
+    assert extender["urlPrefix"] == "https://127.0.0.1:9001/scheduler"
+    extender["urlPrefix"] = f"https://127.0.0.1:{gas_port}/scheduler"
+    extender["tlsConfig"].update(caFile=tls.ca, certFile=tls.client_cert, keyFile=tls.client_key)
+    return config
+
+
+def _gpu_node(core: client.CoreV1Api, name: str) -> None:
+    node: Any = gpu_node(name, "0.1", i915="2", memory_max="16Gi")
+    for key in ("capacity", "allocatable"):
+        node["status"][key].update({"cpu": "8", "memory": "32Gi", "pods": "110"})
+    node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    node["metadata"]["labels"]["kubernetes.io/hostname"] = name
+    core.create_node(node)
+    # No kubelet lifts the not-ready taint admission puts on a new node.
+    core.patch_node(name, [{"op": "remove", "path": "/spec/taints"}])
+
+
+def _pod(name: str, scheduler: str | None) -> dict[str, Any]:
+    pod = gpu_pod(name, container(i915="1", memory_max="2Gi"), namespace="team-a")
+    del pod["status"]
+    if scheduler is None:
+        del pod["spec"]["schedulerName"]
+    else:
+        pod["spec"]["schedulerName"] = scheduler
+    return pod
+
+
+def _healthz(port: int) -> tuple[int, str]:
+    """kube-scheduler's /healthz over HTTPS with no client certificate, as kubelet probes."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # its serving certificate is self-signed
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=context) as r:
+        return r.status, r.read().decode()
+
+
+def test_the_real_scheduler_runs_the_profile_and_binds_gpu_pods_through_gas(
+    plane: realk8s.ControlPlane, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The pods here name their scheduler themselves; the webhook that would set it is
+    # registered with this API server in test_webhook_realk8s. Its Service has no pods
+    # here, and GPU pods would be refused (failurePolicy: Fail).
+    plane.kubectl("delete", "mutatingwebhookconfiguration", "gas-webhook")
+    core = client.CoreV1Api(plane.client())
+    plane.kubectl("create", "namespace", "team-a")
+    # No controller-manager makes the namespace's default ServiceAccount, which admission
+    # gives every pod.
+    plane.kubectl("create", "serviceaccount", "default", "-n", "team-a")
+    _gpu_node(core, "gpu-1")
+
+    tls = gas_certs(tmp_path / "certs")
+    kubeconfig = token_kubeconfig(plane, SCHEDULER, tmp_path / "gas-scheduler.kubeconfig")
+    # In the pod, POD_NAME is the pod's name and its hostname, which starts
+    # kube-scheduler's identity; here both run on this machine.
+    monkeypatch.setenv("POD_NAME", socket.gethostname())
+    monkeypatch.setenv("POD_NAMESPACE", NAMESPACE)
+    gas = GasProcess(
+        ["--kubeConfig", kubeconfig, "--schedulerLease", SCHEDULER, "--v", "4"],
+        tmp_path / "gas.log",
+        tls,
+    )
+    try:
+        gas.wait_ready()
+        # Ready, synced, but no scheduler leads yet: the verbs are refused.
+        refused = gas.post("/scheduler/filter", {"Pod": _pod("early", SCHEDULER), "NodeNames": []})
+        assert refused.status_code == 503, refused.text
+
+        health = realk8s.free_port()
+        config = profile_configuration(kubeconfig, tls, gas.port)
+        # In a pod, its HTTPS port's delegated authentication and authorisation use the
+        # in-cluster configuration; here the same account's kubeconfig, named.
+        delegation = [f"--authentication-kubeconfig={kubeconfig}"]
+        delegation += [f"--authorization-kubeconfig={kubeconfig}"]
+        scheduler = plane.start_scheduler(
+            yaml.safe_dump(config),
+            name=SCHEDULER,
+            args=[f"--secure-port={health}", *delegation],
+        )
+        gpu_body: Any = _pod("gpu", SCHEDULER)
+        plain_body: Any = _pod("default", None)
+        core.create_namespaced_pod("team-a", gpu_body)
+        core.create_namespaced_pod("team-a", plain_body)
+
+        def bound() -> dict[str, Any] | None:
+            pod = core.read_namespaced_pod("gpu", "team-a").to_dict()
+            return pod if pod["spec"]["node_name"] else None
+
+        try:
+            pod = wait_for(bound, timeout=60, what="the GPU pod bound")
+        except TimeoutError as exc:
+            raise AssertionError(
+                f"not bound\nkube-scheduler:\n{scheduler.tail()}\ngas:\n{gas.log()[-4000:]}"
+            ) from exc
+        assert pod["spec"]["node_name"] == "gpu-1"
+        annotations = pod["metadata"]["annotations"]
+        assert annotations[ANNOTATION_CARDS] == "card0" and ANNOTATION_TS in annotations
+
+        # The Lease is the scheduler's, held under this host's name: the one gas follows.
+        lease = json.loads(
+            plane.kubectl("get", "lease", SCHEDULER, "-n", NAMESPACE, "-o", "json").stdout
+        )
+        assert lease["spec"]["holderIdentity"].startswith(socket.gethostname() + "_")
+
+        # The Event says who scheduled it.
+        events = json.loads(plane.kubectl("get", "events", "-n", "team-a", "-o", "json").stdout)[
+            "items"
+        ]
+        scheduled = [
+            e for e in events if e["reason"] == "Scheduled" and e["involvedObject"]["name"] == "gpu"
+        ]
+        assert scheduled and scheduled[0]["reportingComponent"] == SCHEDULER
+
+        # No default scheduler runs: the pod that names it waits, untouched by gas-scheduler.
+        time.sleep(2)
+        plain = core.read_namespaced_pod("default", "team-a").to_dict()
+        assert plain["spec"]["scheduler_name"] == "default-scheduler"
+        assert plain["spec"]["node_name"] is None
+
+        # The probes of the Deployment: /healthz without credentials.
+        assert _healthz(health) == (200, "ok")
+        log = scheduler.log()
+        # Its account read what it needed (the authentication reader's ConfigMap among
+        # it): nothing was forbidden, nothing left unread.
+        assert "forbidden" not in log.lower(), scheduler.tail()
+        assert "won't work" not in log and "Unable to get configmap" not in log, scheduler.tail()
+        assert "Forbidden" not in gas.log()
+    finally:
+        gas.stop()
