@@ -315,7 +315,7 @@ def test_scheduler_account_is_refused_the_rest(
 ) -> None:
     """Of deploy/'s own rules: gas's reads and Bindings, and one Lease; no Secret, no other
     Lease, no node write. (The bootstrap roles it is also bound to are asked of the real
-    authorizer in test_real_control_plane.)"""
+    authorizer in test_any_cluster_realk8s.)"""
     grants = deploy_grants(SCHEDULER_ACCOUNT)
 
     def allowed(verb: str, group: str, resource: str, sub: str, ns: str, name: str) -> bool:
