@@ -16,11 +16,11 @@ import pytest
 import requests
 
 from gas.serving.webhook_app import ADMISSION_PODS
-from tests.support.admission import patched, review_request
+from tests.support.admission import I915, MEM, container, gpu_pod, patched, review_request
 from tests.support.gasproc import TLSFiles
 from tests.support.promtext import metric
 from tests.support.webhookproc import WebhookProcess
-from tests.unit.test_admission import CASES, I915, MEM, container, gpu_pod
+from tests.unit.test_admission import CASES
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -17,9 +17,9 @@ import yaml
 
 from gas.tools.webhook_config import WEBHOOK_NAME, webhook_configuration
 from tests.support import realk8s
+from tests.support.admission import I915, MEM, container, gpu_pod
 from tests.support.gasproc import TLSFiles, free_port, make_tls_files
 from tests.support.webhookproc import WebhookProcess
-from tests.unit.test_admission import I915, MEM, container, gpu_pod
 
 pytestmark = [
     pytest.mark.skipif(realk8s.missing() is not None, reason=str(realk8s.missing())),

@@ -11,6 +11,8 @@ from typing import Any
 
 from tests.support.json_patch import apply_patch
 
+I915, MEM = "gpu.intel.com/i915", "gpu.intel.com/memory.max"
+
 _OPTIONS = {
     "CREATE": "CreateOptions",
     "UPDATE": "UpdateOptions",
@@ -64,3 +66,33 @@ def patched(pod: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
     operations = json.loads(base64.b64decode(response["patch"], validate=True))
     result: dict[str, Any] = apply_patch(pod, operations)
     return result
+
+
+def gpu_pod(
+    name: str = "p",
+    limits: dict[str, Any] | None = None,
+    *,
+    annotations: dict[str, Any] | None = None,
+    scheduler: str | None = "default-scheduler",
+    containers: list[dict[str, Any]] | None = None,
+    init: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A pod as the API server hands it to admission: defaulted (schedulerName set to
+    default-scheduler), extended-resource limits copied into requests."""
+    if containers is None:
+        limits = {I915: "1", MEM: "1Gi"} if limits is None else limits
+        containers = [container("app", limits)]
+    spec: dict[str, Any] = {"containers": containers}
+    if init is not None:
+        spec["initContainers"] = init
+    if scheduler is not None:
+        spec["schedulerName"] = scheduler
+    metadata: dict[str, Any] = {"name": name, "namespace": "default", "uid": f"uid-{name}"}
+    if annotations is not None:
+        metadata["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def container(name: str, limits: dict[str, Any]) -> dict[str, Any]:
+    resources = {"limits": dict(limits), "requests": dict(limits)} if limits else {}
+    return {"name": name, "image": "busybox", "resources": resources}

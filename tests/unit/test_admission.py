@@ -23,40 +23,9 @@ from gas.core.ledger import Ledger
 from gas.serving import admission
 from gas.serving.service import Extender, Options
 from gas.serving.wire import BadRequest, ExtenderArgs, encode
-from tests.support.admission import patched, review_request
+from tests.support.admission import I915, MEM, container, gpu_pod, patched, review_request
 
 GPU_NODES = ["demo-1card", "demo-2cards", "demo-4cards"]
-I915, MEM = "gpu.intel.com/i915", "gpu.intel.com/memory.max"
-
-
-def gpu_pod(
-    name: str = "p",
-    limits: dict[str, Any] | None = None,
-    *,
-    annotations: dict[str, Any] | None = None,
-    scheduler: str | None = "default-scheduler",
-    containers: list[dict[str, Any]] | None = None,
-    init: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """A pod as the API server hands it to admission: defaulted (schedulerName set to
-    default-scheduler), extended-resource limits copied into requests."""
-    if containers is None:
-        limits = {I915: "1", MEM: "1Gi"} if limits is None else limits
-        containers = [container("app", limits)]
-    spec: dict[str, Any] = {"containers": containers}
-    if init is not None:
-        spec["initContainers"] = init
-    if scheduler is not None:
-        spec["schedulerName"] = scheduler
-    metadata: dict[str, Any] = {"name": name, "namespace": "default", "uid": f"uid-{name}"}
-    if annotations is not None:
-        metadata["annotations"] = annotations
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
-
-
-def container(name: str, limits: dict[str, Any]) -> dict[str, Any]:
-    resources = {"limits": dict(limits), "requests": dict(limits)} if limits else {}
-    return {"name": name, "image": "busybox", "resources": resources}
 
 
 @dataclass(frozen=True)
