@@ -39,6 +39,7 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 ANY_CLUSTER = DEPLOY / "any-cluster"
+WEBHOOK_CONFIGURATION = ANY_CLUSTER / "webhook-configuration.yaml"
 NAMESPACE = "gas-system"
 SCHEDULER = "gas-scheduler"
 FIELD_MANAGER = "gas-deploy-test"
@@ -69,6 +70,14 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[realk8s.ControlP
                 "-",
                 input=render(directory),
             )
+        # Registered on its own (without caBundle here: cert-manager's way).
+        plane.kubectl(
+            "apply",
+            "--server-side",
+            f"--field-manager={FIELD_MANAGER}",
+            "-f",
+            str(WEBHOOK_CONFIGURATION),
+        )
         yield plane
 
 
@@ -79,8 +88,9 @@ def _objects(text: str) -> list[dict[str, Any]]:
 def test_both_ways_apply_server_side_and_are_stored_as_written(
     plane: realk8s.ControlPlane,
 ) -> None:
-    for directory in (DEPLOY, ANY_CLUSTER):
-        for doc in _objects(render(directory)):
+    texts = [render(DEPLOY), render(ANY_CLUSTER), WEBHOOK_CONFIGURATION.read_text()]
+    for text in texts:
+        for doc in _objects(text):
             meta = doc["metadata"]
             args = ["get", f"{doc['kind']}/{meta['name']}", "-o", "json"]
             if "namespace" in meta:

@@ -101,6 +101,9 @@ WORKLOAD_KINDS = {"Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job"}
 # In deploy/ but applied on its own (`kubectl apply -f`), not by the kustomization: the
 # label-only labeller, for clusters where another component hands out the devices.
 OPTIONAL_MANIFESTS = {"labeler-daemonset.yaml"}
+# Applied on its own too: the webhook configuration without caBundle (`gas certs` writes it
+# with one; re-applying this one would erase it).
+WEBHOOK_CONFIGURATION = "webhook-configuration.yaml"
 # The two ways of installing: the kubeadm way (gas inside the default scheduler) and any
 # cluster (a scheduler of gas's own); deploy/base is what they share.
 KUBEADM = DEPLOY
@@ -313,7 +316,9 @@ def test_kustomization_lists_every_manifest(directory: Path) -> None:
     files = {r for r in resources if not (directory / r).is_dir()}
     on_disk = {path.name for path in manifest_files(directory)}
     assert files - on_disk == set(), "listed but missing: kubectl apply -k would fail"
-    optional = OPTIONAL_MANIFESTS if directory == KUBEADM else set()
+    optional = {KUBEADM: OPTIONAL_MANIFESTS, ANY_CLUSTER: {WEBHOOK_CONFIGURATION}}.get(
+        directory, set()
+    )
     assert on_disk - files == optional, "in deploy/ but not applied by the kustomization"
 
 
@@ -328,12 +333,13 @@ def test_each_way_installs_what_it_needs() -> None:
             "rbac.yaml",
             "scheduler-config.yaml",
             "deployment.yaml",
-            "webhook.yaml",
+            "webhook-service.yaml",
             "pdb.yaml",
         )
     }
     # Every manifest belongs to a way, or is the optional labeller.
-    assert {_label(p) for p in manifest_files()} == kubeadm | any_cluster | OPTIONAL_MANIFESTS
+    optional = OPTIONAL_MANIFESTS | {f"any-cluster/{WEBHOOK_CONFIGURATION}"}
+    assert {_label(p) for p in manifest_files()} == kubeadm | any_cluster | optional
 
 
 @pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=_label)
