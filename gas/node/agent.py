@@ -35,6 +35,7 @@ from gas.node.podcache import PodCache
 from gas.node.podresources import PodResourcesClient, PodResourcesError
 from gas.node.publish import NodePublisher
 from gas.node.registration import PluginServer
+from gas.node.sockets import SocketTaken, check_plugin_sockets
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,11 @@ def run(args: argparse.Namespace) -> int:
     if not node:
         log.error("no node name: give --node-name or set NODE_NAME")
         return 2
+    try:
+        check_plugin_sockets(args.device_plugin_dir)
+    except SocketTaken as exc:
+        log.error("not starting: %s", exc)
+        return 1
     try:
         discover = discovery.discoverer(args)
         core = core_api(args.kubeconfig)
@@ -153,7 +159,10 @@ def run(args: argparse.Namespace) -> int:
     if not writer.flush(timeout=3.0):
         log.warning("%d gas-node-cards writes left undone", writer.pending())
     pod_resources.close()
-    return 0
+    taken = [server.taken for server in servers if server.taken is not None]
+    for conflict in taken:
+        log.error("stopped: %s", conflict)
+    return 1 if taken else 0
 
 
 def _reconcile(

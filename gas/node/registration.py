@@ -26,7 +26,7 @@ from gas.node.api.deviceplugin.v1beta1 import api_pb2 as pb
 from gas.node.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from gas.node.metrics import NodeMetrics
 from gas.node.plugin import DevicePlugin
-from gas.node.sockets import socket_name
+from gas.node.sockets import SocketTaken, check_free, socket_name
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,8 @@ class PluginServer(threading.Thread):
         self._poll = poll
         self._workers = workers
         self._server: grpc.Server | None = None
+        self._served: tuple[int, int] | None = None  # the socket file it listens on
+        self.taken: SocketTaken | None = None
         self._registered_with: tuple[int, int] | None = None
         self._registered_at = 0.0
         self.registrations = 0
@@ -94,6 +96,12 @@ class PluginServer(threading.Thread):
             try:
                 self._step()
                 delay = self._poll
+            except SocketTaken as exc:
+                # Another agent serves this resource: the node gets one, not two taking
+                # the socket from each other; the whole agent stops.
+                self.taken = exc
+                self._stop_event.set()
+                break
             except grpc.RpcError as exc:
                 self._metrics.registrations.labels(self.plugin.resource, "failed").inc()
                 log.warning("%s: registering with the kubelet failed: %s", self.endpoint, exc)
@@ -107,9 +115,14 @@ class PluginServer(threading.Thread):
         self._shutdown()
 
     def _step(self) -> None:
-        if self._server is None or not os.path.exists(self.path):
+        served = _identity(self.path)
+        if self._server is None or served is None:
             if self._server is not None:
                 log.info("%s was removed (the kubelet restarted): serving anew", self.path)
+            self._serve()
+        elif served != self._served:
+            check_free(self.path)  # SocketTaken when another agent replaced it
+            log.warning("%s was replaced by a socket nobody serves: serving anew", self.path)
             self._serve()
         kubelet = _identity(os.path.join(self.plugin_dir, KUBELET_SOCKET))
         if kubelet is None:
@@ -141,15 +154,21 @@ class PluginServer(threading.Thread):
     def _serve(self) -> None:
         self._shutdown()
         os.makedirs(self.plugin_dir, exist_ok=True)
-        if os.path.lexists(self.path):
-            os.unlink(self.path)
+        check_free(self.path)  # a file nobody answers on is left from an agent that died
+        # Bound under a name of its own, then renamed into place: gRPC unlinks the path it
+        # bound when the server stops, and that must never be another agent's socket.
+        staging = f"{self.path}.{os.getpid()}"
+        if os.path.lexists(staging):
+            os.unlink(staging)
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="plugin")
         )
         pb_grpc.add_DevicePluginServicer_to_server(self.plugin, server)
-        server.add_insecure_port(f"unix://{self.path}")
+        server.add_insecure_port(f"unix://{staging}")
         server.start()
         self._server = server
+        os.replace(staging, self.path)  # a stale file nobody answered on goes with it
+        self._served = _identity(self.path)
         self._registered_with = None
 
     def _shutdown(self) -> None:
@@ -161,5 +180,5 @@ class PluginServer(threading.Thread):
         """After the thread ended: the socket goes, so the kubelet marks the devices gone."""
         self.plugin.stop()
         self._shutdown()
-        if os.path.lexists(self.path):
-            os.unlink(self.path)
+        if self.taken is None and os.path.lexists(self.path):
+            os.unlink(self.path)  # never another agent's
