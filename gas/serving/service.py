@@ -161,7 +161,13 @@ class Extender:
             ask = pod_request(args.pod)
         except SpecError:
             ask = None
-        if ask is not None:
+        # First fit scores 0 everywhere, and then only whether any node fits matters (the
+        # outcome): the filter's judgement of these names says it, found again by the
+        # arrays rather than node by node.
+        first_fit = ask is not None and self._options.policy.placement_for(ask) == FIRST_FIT
+        if ask is not None and first_fit and args.nodes is None:
+            fitting = len(self._ledger.judge_names(ask, names, args.uid).passed)
+        elif ask is not None:
             given: dict[str, NodeGpu] = {}
             if args.nodes is not None:
                 given = {n.name: n for n in map(node_from_object, args.nodes)}
@@ -169,7 +175,7 @@ class Extender:
             results = self._ledger.check(ask, candidates, args.uid)
             # First fit scores 0 everywhere: no need to copy each node's usage for it.
             policy = self._options.policy
-            scored = policy.placement_for(ask) != FIRST_FIT
+            scored = not first_fit
             for name in names:
                 result = results.get(name)
                 node = given.get(name) or self._ledger.node(name)

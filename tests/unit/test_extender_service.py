@@ -297,6 +297,36 @@ def test_prioritize_gives_zero_everywhere_under_first_fit_and_to_no_fit(demo: De
     assert (fits.outcome.label, huge.outcome.label) == ("fit", "no_fit")
 
 
+def test_prioritize_by_names_under_first_fit_answers_as_node_by_node(demo: Demo) -> None:
+    # By names, first fit finds whether any node fits from the arrays' judgement; with the
+    # node objects given, node by node. Same body, decision and outcome, whatever fits.
+    objects = {n["metadata"]["name"]: n for n in load_demo_file(None)["nodes"]}
+    bound = pod("bound", memory="8Gi")
+    demo.extender.filter(names_args(bound, ["demo-1card"]))
+    assert demo.extender.bind(bind_args(bound, "demo-1card")).outcome.label == "bound"
+    cases = [
+        (pod("small"), NODES),
+        (pod("huge", memory="20Gi"), NODES),
+        (pod("two", memory="16Gi", i915="2"), NODES),
+        (pod("small-on-full", memory="4Gi"), ["demo-1card", "demo-cpu-only"]),
+        (pod("unknown"), ["no-such-node", "demo-cpu-only"]),
+        (pod("bound", memory="8Gi"), ["demo-1card", "demo-4cards"]),
+    ]
+    labels = []
+    for p, names in cases:
+        by_names = demo.extender.prioritize(names_args(p, names))
+        known = [objects[name] for name in names if name in objects]
+        by_nodes = demo.extender.prioritize(
+            ExtenderArgs(p, p["metadata"]["uid"], [o["metadata"]["name"] for o in known], known)
+        )
+        if len(known) == len(names):
+            assert by_names.body == by_nodes.body
+            assert by_names.outcome.decision == by_nodes.outcome.decision
+        assert by_names.outcome.label == by_nodes.outcome.label, p["metadata"]["name"]
+        labels.append(by_names.outcome.label)
+    assert labels == ["fit", "no_fit", "fit", "no_fit", "no_fit", "fit"]
+
+
 # ---------------------------------------------------------------- preempt
 
 
