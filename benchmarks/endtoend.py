@@ -69,6 +69,12 @@ CREATORS = 4
 SCHEDULER_QPS = 5000
 """kube-scheduler's client QPS and burst: binds are not throttled."""
 
+SETUPS = {
+    "alone": "kube-scheduler alone",
+    "gas": "kube-scheduler + gas",
+    "baseline": "kube-scheduler + baseline gas",
+}
+
 EXTENDER = {
     "filterVerb": "filter",
     "prioritizeVerb": "prioritize",
@@ -417,6 +423,8 @@ class Bench:
         pods: int,
         settle_s: float,
         gas_args: Sequence[str],
+        profile: Path | None = None,
+        baseline: str | None = None,
     ) -> None:
         self.plane = plane
         self.api = Api(plane)
@@ -426,6 +434,8 @@ class Bench:
         self.running = running
         self.pods = pods
         self.settle_s = settle_s
+        self.profile = profile
+        self.baseline = baseline
         self.gas_args = list(gas_args)
         self.rounds = 0
 
@@ -436,13 +446,8 @@ class Bench:
         gas: GasProcess | None = None
         scheduler: realk8s.Process | None = None
         try:
-            if mode == "gas":
-                gas = GasProcess(
-                    ["--kubeConfig", self.plane.admin_kubeconfig, *self.gas_args],
-                    self.workdir / f"gas-{name}.log",
-                    self.tls,
-                )
-                gas.wait_ready(timeout=300)
+            if mode != "alone":
+                gas = self._start_gas(name, self.baseline if mode == "baseline" else None)
             scheduler = self.plane.start_scheduler(
                 scheduler_config(gas.port if gas else None, self.tls), name=f"scheduler-{name}"
             )
@@ -457,6 +462,27 @@ class Bench:
         self._check(result, name)
         self._clean(name)
         return result
+
+    def _start_gas(self, name: str, source: str | None) -> GasProcess:
+        """`gas serve` over the plane, from this tree or (baseline) from the tree `source`,
+        put first on its PYTHONPATH."""
+        previous = os.environ.get("PYTHONPATH")
+        if source is not None:
+            os.environ["PYTHONPATH"] = source
+        try:
+            gas = GasProcess(
+                ["--kubeConfig", self.plane.admin_kubeconfig, *self.gas_args],
+                self.workdir / f"gas-{name}.log",
+                self.tls,
+            )
+        finally:
+            if source is not None:
+                if previous is None:
+                    del os.environ["PYTHONPATH"]
+                else:
+                    os.environ["PYTHONPATH"] = previous
+        gas.wait_ready(timeout=300)
+        return gas
 
     def _warm_up(self, name: str) -> None:
         """One pod bound: the scheduler's caches are filled and gas is reached."""
@@ -511,6 +537,7 @@ class Bench:
             threading.Thread(target=create, args=(range(i, len(pods), CREATORS),))
             for i in range(CREATORS)
         ]
+        spy = self._profiler(worker, name) if worker else None
         gas_before = thread_ticks(worker) if worker else {}
         scheduler_before = process_ticks(scheduler.pid)
         apiserver_before = process_ticks(apiserver.pid)
@@ -534,6 +561,9 @@ class Bench:
         gas_after = thread_ticks(worker) if worker else {}
         scheduler_after = process_ticks(scheduler.pid)
         apiserver_after = process_ticks(apiserver.pid)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=60)
         names = thread_names(worker) if worker else {}
         watch.stop()
         watch.join(timeout=10)
@@ -560,8 +590,24 @@ class Bench:
                 if not cards.place(node, shapes[pod_name]):
                     result.no_card_fits += 1
 
+    def _profiler(self, worker: int, name: str) -> subprocess.Popen[bytes] | None:
+        """`py-spy record` of the gas worker over the burst (with --profile), its stacks
+        collapsed, one line per stack and thread, into <profile>/<round>.txt."""
+        spy = shutil.which("py-spy")
+        if self.profile is None or spy is None:
+            return None
+        self.profile.mkdir(parents=True, exist_ok=True)
+        command = [spy, "record", "--pid", str(worker), "--rate", "200", "--threads", "--gil"]
+        command += ["--nonblocking"]
+        command += ["--format", "raw", "--output", str(self.profile / f"{name}.txt")]
+        log = open(self.profile / f"{name}.py-spy.log", "wb")  # noqa: SIM115 - the child's
+        spy_process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        time.sleep(1)  # attached before the burst
+        return spy_process
+
     def _check(self, result: Round, name: str) -> None:
-        if result.mode != "gas":
+        if result.mode == "alone":
             return
         from gas.tools.audit import check_invariants
 
@@ -608,7 +654,7 @@ def rounds_table(rounds: Sequence[Round]) -> list[str]:
         per_pod = r.bound or 1
         cells = [
             r.name,
-            "kube-scheduler + gas" if r.mode == "gas" else "kube-scheduler alone",
+            SETUPS[r.mode],
             f"{r.bound:,}/{r.pods:,}",
             fmt(r.pods_per_s, 0),
             fmt(r.create_s, 1),
@@ -619,7 +665,7 @@ def rounds_table(rounds: Sequence[Round]) -> list[str]:
             fmt(r.scheduler_cpu_ms / per_pod, 2),
             fmt(r.apiserver_cpu_ms / per_pod, 2),
             str(r.no_card_fits) if r.mode == "alone" else "n/a",
-            str(len(r.over_commit)) if r.mode == "gas" else "n/a",
+            str(len(r.over_commit)) if r.mode != "alone" else "n/a",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -632,7 +678,7 @@ def summary(rounds: Sequence[Round]) -> dict[str, float]:
 
     gas_cpu = [r.gas_ms_per_pod() for r in rounds if r.mode == "gas"]
     alone, with_gas = median("alone", "pods_per_s"), median("gas", "pods_per_s")
-    return {
+    figures = {
         "alone_pods_per_s": alone,
         "gas_pods_per_s": with_gas,
         "throughput_ratio": with_gas / alone if alone else float("nan"),
@@ -641,10 +687,16 @@ def summary(rounds: Sequence[Round]) -> dict[str, float]:
         "p99_ratio": median("gas", "p99_s") / median("alone", "p99_s"),
         "gas_cpu_ms_per_pod": statistics.median(gas_cpu) if gas_cpu else float("nan"),
     }
+    baseline_cpu = [r.gas_ms_per_pod() for r in rounds if r.mode == "baseline"]
+    if baseline_cpu:
+        figures["baseline_pods_per_s"] = median("baseline", "pods_per_s")
+        figures["baseline_p99_s"] = median("baseline", "p99_s")
+        figures["baseline_cpu_ms_per_pod"] = statistics.median(baseline_cpu)
+    return figures
 
 
 def summary_table(figures: dict[str, float]) -> list[str]:
-    return [
+    lines = [
         "| measure | median | goal |",
         "|---|---:|---:|",
         f"| pods/s, kube-scheduler alone | {fmt(figures['alone_pods_per_s'], 0)} | |",
@@ -653,6 +705,15 @@ def summary_table(figures: dict[str, float]) -> list[str]:
         f"| p99 create -> bound, gas / alone | {fmt(figures['p99_ratio'], 2)} | <= 1.5 |",
         f"| gas CPU ms per bound pod | {fmt(figures['gas_cpu_ms_per_pod'], 2)} | <= 1.2 |",
     ]
+    if "baseline_pods_per_s" in figures:
+        lines += [
+            f"| pods/s, baseline gas | {fmt(figures['baseline_pods_per_s'], 0)} | |",
+            f"| p99 s, gas / baseline gas | {fmt(figures['gas_p99_s'], 2)} / "
+            f"{fmt(figures['baseline_p99_s'], 2)} | |",
+            f"| baseline gas CPU ms per bound pod | "
+            f"{fmt(figures['baseline_cpu_ms_per_pod'], 2)} | |",
+        ]
+    return lines
 
 
 # ---------------------------------------------------------------- main
@@ -670,7 +731,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--settle", type=float, default=10.0, help="seconds without a bind that end a round"
     )
     parser.add_argument("--only", choices=("alone", "gas"), help="run one setup only")
+    parser.add_argument(
+        "--baseline",
+        help="also run gas from this source tree (e.g. a `git archive` of an earlier commit), "
+        "alternated with this one's",
+    )
     parser.add_argument("--gasArgs", default="", help="extra `gas serve` flags (one string)")
+    parser.add_argument(
+        "--profile", help="directory for py-spy stacks of gas over each burst (py-spy on PATH)"
+    )
     parser.add_argument("--keep", help="working directory to keep (logs), else a temporary one")
     parser.add_argument("--quick", action="store_true", help="smoke size: 20 nodes, 30 pods")
     parser.add_argument("--json", help="write the figures to this file")
@@ -688,6 +757,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     cluster = make_cluster(args.nodes, args.occupancy)
     modes = [args.only] if args.only else ["alone", "gas"]
+    if args.baseline:
+        modes.append("baseline")
     rounds: list[Round] = []
     plane = realk8s.ControlPlane(
         workdir,
@@ -723,6 +794,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.pods,
             args.settle,
             args.gasArgs.split(),
+            Path(args.profile) if args.profile else None,
+            args.baseline,
         )
         for _ in range(args.rounds):
             for mode in modes:
