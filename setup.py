@@ -1,8 +1,21 @@
+import re
+from pathlib import Path
+
 from setuptools import find_packages, setup
+
+# The version is set in one place, gas/__init__.py: the image tag (scripts/build-image.sh) and
+# deploy/'s images are that version too (tests/image/test_release.py checks them).
+VERSION = re.search(
+    r'^__version__ = "([^"]+)"$',
+    (Path(__file__).parent / "gas" / "__init__.py").read_text(),
+    re.MULTILINE,
+)
+if VERSION is None:
+    raise RuntimeError("no __version__ in gas/__init__.py")
 
 setup(
     name="gas",
-    version="0.1.0",
+    version=VERSION.group(1),
     description="GPU-aware scheduler extender for Kubernetes: shares GPUs between pods per card",
     python_requires=">=3.11",
     packages=find_packages(include=["gas", "gas.*"]),
