@@ -4,6 +4,7 @@
 # one).
 #
 #   scripts/build-image.sh [--base auto|registry|local] [--refresh-base] [--tag NAME:TAG]
+#   scripts/build-image.sh --print-tag     # the tag it would build, gas:<version>
 #
 # Two ways to the same image (docs/image.md):
 # - registry: `build .` with the Dockerfile, on python:3.11-slim from a registry.
@@ -29,18 +30,20 @@ BASE_IMAGE=python:3.11-slim
 SUITE=bookworm
 MIRROR="${GAS_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 SECURITY_MIRROR="${GAS_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}"
-PACKAGES=python3,libudev1,ca-certificates
+PACKAGES=python3,libudev1,libstdc++6,ca-certificates
 CACHE="${GAS_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gas-image}"
 PYTHON="${PYTHON:-python3}"
 
 base_mode=auto
 refresh_base=0
+print_tag=0
 tag=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --base) base_mode="$2"; shift 2 ;;
     --base=*) base_mode="${1#--base=}"; shift ;;
     --refresh-base) refresh_base=1; shift ;;
+    --print-tag) print_tag=1; shift ;;
     --tag) tag="$2"; shift 2 ;;
     --tag=*) tag="${1#--tag=}"; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -58,6 +61,10 @@ cannot() { say "$*"; exit 3; }
 version="$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' gas/__init__.py)"
 [ -n "$version" ] || { say "no __version__ in gas/__init__.py"; exit 1; }
 tag="${tag:-gas:$version}"
+if [ "$print_tag" = 1 ]; then
+  echo "$tag"
+  exit 0
+fi
 
 # --------------------------------------------------------------------------- the tool
 # docker answers `--version` without a daemon; only `docker info` says it can build.
