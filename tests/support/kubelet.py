@@ -21,12 +21,18 @@ What it copies from the kubelet (v1.28, `pkg/kubelet/cm/devicemanager`, `HandleP
   `spec.containers` in order), for each device-plugin resource in the limits, as
   `devicesToAllocate` does: a container that holds devices already gets no call; devices of
   init containers are reused by the app containers after them; available = healthy IDs not
-  allocated to anyone; `GetPreferredAllocation(available + reused, reused, size)` only
-  when more devices are available than needed (with exactly as many, the kubelet takes
-  them all without asking); the preferred IDs that are available first, the rest from the
-  available ones in no set order; then `Allocate` of those IDs in no set order. Any
-  failure rejects the pod (phase Failed, reason UnexpectedAdmissionError) and frees what
-  it got;
+  allocated to anyone; split by the topology manager's NUMA hint (`numa_hint`: None is
+  policy `none`, no hint) into aligned devices (on a hinted NUMA node), unaligned ones and
+  ones without topology (`filterByAffinity`). More aligned devices than needed:
+  `GetPreferredAllocation(aligned + reused, reused, size)`, the preferred aligned IDs
+  first, the rest from the aligned ones. Otherwise every aligned device is taken (exactly
+  as many as needed: `Allocate` without asking), then
+  `GetPreferredAllocation(available + reused, reused + aligned, size)`, the preferred
+  available IDs first, then unaligned, then without topology. So with no hint (no
+  topology manager, or devices without topology) the kubelet always asks, whatever the
+  number of free devices. Sets iterate in no set order. Then `Allocate` of those IDs in no
+  set order. Any failure rejects the pod (phase Failed, reason UnexpectedAdmissionError)
+  and frees what it got;
 - serves `v1.PodResourcesLister/List` on its pod-resources socket: every pod it knows
   (admitted or refused), each app container with the device IDs it holds, or none;
 - frees a pod's devices once the pod is gone from the API server or has finished;
@@ -45,6 +51,7 @@ import os
 import random
 import threading
 import time
+from collections.abc import Collection
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +84,7 @@ class _Endpoint:
     options: dp.DevicePluginOptions
     incarnation: int
     devices: dict[str, bool] = field(default_factory=dict)  # id -> healthy
+    numa: dict[str, frozenset[int]] = field(default_factory=dict)  # id -> its NUMA nodes
     lists: int = 0
     connected: bool = True
 
@@ -130,6 +138,8 @@ class KubeletDouble:
         self.random = random.Random(seed)
         self.poll = poll
         self.status_lag = status_lag
+        self.numa_hint: frozenset[int] | None = None
+        """The topology manager's NUMA affinity for every container; None: policy `none`."""
         self._lock = threading.RLock()
         self._admit_lock = threading.Lock()
         self._endpoints: dict[str, _Endpoint] = {}
@@ -234,6 +244,9 @@ class KubeletDouble:
             for response in endpoint.stub.ListAndWatch(dp.Empty()):
                 with self._lock:
                     endpoint.devices = {d.ID: d.health == "Healthy" for d in response.devices}
+                    endpoint.numa = {
+                        d.ID: frozenset(n.ID for n in d.topology.nodes) for d in response.devices
+                    }
                     endpoint.lists += 1
                 self._sync_node_status()
         except (grpc.RpcError, ValueError):
@@ -489,26 +502,68 @@ class KubeletDouble:
                 f"requested number of devices unavailable for {resource}. "
                 f"Requested: {needed}, Available: {len(available)}"
             )
-        if needed < len(available) and endpoint.options.get_preferred_allocation_available:
-            result.preferred_calls += 1
-            preferred = endpoint.stub.GetPreferredAllocation(
-                dp.PreferredAllocationRequest(
-                    container_requests=[
-                        dp.ContainerPreferredAllocationRequest(
-                            available_deviceIDs=self._pick(available + allocated),
-                            must_include_deviceIDs=self._pick(allocated),
-                            allocation_size=required,
-                        )
-                    ]
-                ),
-                timeout=RPC_TIMEOUT,
-            )
-            if preferred.container_responses:
-                offered = set(available)
-                ids = {i for i in preferred.container_responses[0].deviceIDs if i in offered}
-                allocated += self._pick(sorted(ids), needed)
-        allocated += self._pick(sorted(set(available) - set(allocated)), required - len(allocated))
-        return allocated
+        aligned, unaligned, no_topology = self._by_affinity(endpoint, available)
+
+        def take_from(ids: Collection[str]) -> bool:
+            """allocateRemainingFrom: True once enough are taken."""
+            for i in self._pick(sorted(set(ids) - set(allocated))):
+                if len(allocated) == required:
+                    break
+                allocated.append(i)
+            return len(allocated) == required
+
+        if needed < len(aligned):
+            preferred = self._preferred(result, endpoint, aligned + allocated, allocated, required)
+            if take_from(preferred & set(aligned)) or take_from(aligned):
+                return allocated
+            raise RuntimeError("unexpectedly allocated less resources than required")
+        if take_from(aligned):
+            return allocated  # exactly as many aligned as needed: no GetPreferredAllocation
+        preferred = self._preferred(result, endpoint, available + allocated, allocated, required)
+        if take_from(preferred & set(available)) or take_from(unaligned):
+            return allocated
+        if take_from(no_topology):
+            return allocated
+        raise RuntimeError("unexpectedly allocated less resources than required")
+
+    def _by_affinity(
+        self, endpoint: _Endpoint, available: list[str]
+    ) -> tuple[list[str], list[str], list[str]]:
+        """filterByAffinity: (aligned, unaligned, without topology); all without a hint."""
+        hint = self.numa_hint
+        if hint is None or not any(endpoint.numa.values()):
+            return [], [], available
+        aligned = [i for i in available if endpoint.numa.get(i, frozenset()) & hint]
+        unaligned = [i for i in available if endpoint.numa.get(i) and i not in aligned]
+        return aligned, unaligned, [i for i in available if not endpoint.numa.get(i)]
+
+    def _preferred(
+        self,
+        result: Admission,
+        endpoint: _Endpoint,
+        offered: list[str],
+        must_include: list[str],
+        size: int,
+    ) -> set[str]:
+        """callGetPreferredAllocationIfAvailable: the IDs the plugin prefers, or none."""
+        if not endpoint.options.get_preferred_allocation_available:
+            return set()
+        result.preferred_calls += 1
+        preferred = endpoint.stub.GetPreferredAllocation(
+            dp.PreferredAllocationRequest(
+                container_requests=[
+                    dp.ContainerPreferredAllocationRequest(
+                        available_deviceIDs=self._pick(offered),
+                        must_include_deviceIDs=self._pick(must_include),
+                        allocation_size=size,
+                    )
+                ]
+            ),
+            timeout=RPC_TIMEOUT,
+        )
+        if not preferred.container_responses:
+            return set()
+        return set(preferred.container_responses[0].deviceIDs)
 
     def _pick(self, ids: list[str], count: int | None = None) -> list[str]:
         """`count` of `ids` in no set order (a Go set's iteration)."""
