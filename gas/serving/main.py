@@ -226,6 +226,8 @@ def health_listener(args: argparse.Namespace) -> socket.socket | None:
     """With --healthPort: its socket, bound now so that a port in use fails at start."""
     if not args.healthPort:
         return None
+    if args.healthPort == args.port:
+        raise StartupError(f"--healthPort must differ from --port ({args.port})", 2)
     try:
         sock = health.listen(args.healthHost, args.healthPort)
     except ValueError as exc:

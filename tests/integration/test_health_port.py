@@ -139,6 +139,9 @@ def test_a_health_port_in_use_or_out_of_range_fails_at_start() -> None:
     result = _serve("--healthPort=70000")
     assert result.returncode == 2, result.stderr
     assert "the health port must be between 1 and 65535, got 70000" in result.stderr
+    result = _serve("--port=9555", "--healthPort=9555")
+    assert result.returncode == 2, result.stderr
+    assert "--healthPort must differ from --port (9555)" in result.stderr
 
 
 def test_the_health_port_serves_the_demo_cluster_too(
