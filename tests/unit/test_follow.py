@@ -458,3 +458,17 @@ def test_config_is_checked() -> None:
         SchedulerLeaseFollower(FakeStore(), "")
     with pytest.raises(ValueError):
         SchedulerLeaseFollower(FakeStore(), POD, retry_period=0)
+
+
+def test_the_pod_name_is_pod_name_else_the_hostname(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from gas.cluster.leader import default_identity, pod_name
+
+    monkeypatch.setenv("POD_NAME", "gas-scheduler-7d9f8-x2x4q")
+    assert pod_name() == "gas-scheduler-7d9f8-x2x4q"
+    assert default_identity().startswith("gas-scheduler-7d9f8-x2x4q_")
+    monkeypatch.setenv("POD_NAME", " ")
+    assert pod_name() == socket.gethostname()
+    monkeypatch.delenv("POD_NAME")
+    assert pod_name() == socket.gethostname()
