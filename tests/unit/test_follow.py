@@ -5,13 +5,14 @@ writes it."""
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from datetime import UTC, datetime
 
 import pytest
 
 from gas.cluster.follow import SchedulerLeaseFollower, judge, micro_time
-from gas.cluster.leader import LeaderGatedCluster, LeaseRecord
+from gas.cluster.leader import LeaderGatedCluster, LeaseRecord, default_identity, pod_name
 from tests.support.leases import Clock, FakeStore, Unavailable
 
 POD = "sched-a"
@@ -461,10 +462,6 @@ def test_config_is_checked() -> None:
 
 
 def test_the_pod_name_is_pod_name_else_the_hostname(monkeypatch: pytest.MonkeyPatch) -> None:
-    import socket
-
-    from gas.cluster.leader import default_identity, pod_name
-
     monkeypatch.setenv("POD_NAME", "gas-scheduler-7d9f8-x2x4q")
     assert pod_name() == "gas-scheduler-7d9f8-x2x4q"
     assert default_identity().startswith("gas-scheduler-7d9f8-x2x4q_")
