@@ -147,6 +147,8 @@ class SchedulerLeaseFollower:
         """Why the last reading does not let gas answer ("" when it does)."""
         with self._lock:
             verdict = self._verdict
+        if self._stop.is_set():
+            return "gas is stopping"
         if verdict.until is not None and self._clock() >= verdict.until:
             return "the Lease ran out since it was last read"
         return verdict.why
@@ -209,10 +211,11 @@ class SchedulerLeaseFollower:
 
     def _log_refusal(self) -> None:
         why, now = self.why_not(), self._clock()
-        last = self._refusal_logged
-        if last is not None and last[0] == why and now - last[1] < REFUSAL_LOG_INTERVAL:
-            return
-        self._refusal_logged = (why, now)
+        with self._report_lock:
+            last = self._refusal_logged
+            if last is not None and last[0] == why and now - last[1] < REFUSAL_LOG_INTERVAL:
+                return
+            self._refusal_logged = (why, now)
         log.warning("a scheduler verb answered 503: %s (Lease %s)", why, self._lease)
 
     # ------------------------------------------------------------ the thread

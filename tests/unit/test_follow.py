@@ -416,6 +416,8 @@ def test_stop_stops_answering(world: tuple[FakeStore, Clock, Scheduler]) -> None
     assert f.refresh()
     f.stop()
     assert not f.is_leader() and not f.may_answer()
+    assert f.why_not() == "gas is stopping"
+    assert f.changes == [True, False]  # type: ignore[attr-defined]
     assert store.lease is not None and store.lease.holder == "sched-a_u1"  # left alone
 
 
