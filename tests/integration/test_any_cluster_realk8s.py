@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,8 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 ANY_CLUSTER = DEPLOY / "any-cluster"
-WEBHOOK_CONFIGURATION = ANY_CLUSTER / "webhook-configuration.yaml"
+KUBEADM_WEBHOOK = DEPLOY / "kubeadm-webhook"
+WEBHOOK_CONFIGURATIONS = [d / "webhook-configuration.yaml" for d in (ANY_CLUSTER, KUBEADM_WEBHOOK)]
 NAMESPACE = "gas-system"
 SCHEDULER = "gas-scheduler"
 FIELD_MANAGER = "gas-deploy-test"
@@ -56,55 +58,60 @@ def render(directory: Path) -> str:
     return done.stdout
 
 
+@dataclass
+class Applied:
+    plane: realk8s.ControlPlane
+    # Each object written, and the API server's copy read right after its apply (the two
+    # ways share the Service name gas-webhook; they are never installed together).
+    stored: list[tuple[dict[str, Any], dict[str, Any]]]
+
+
 @pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[realk8s.ControlPlane]:
+def applied(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Applied]:
     """A control plane with both ways of installing applied, as an operator applies them
-    (server-side apply of `kubectl kustomize`'s output)."""
+    (server-side apply of `kubectl kustomize`'s output), and the webhook configurations,
+    registered on their own (without caBundle here: cert-manager's way)."""
     with realk8s.ControlPlane(tmp_path_factory.mktemp("plane")) as plane:
-        for directory in (DEPLOY, ANY_CLUSTER):
-            plane.kubectl(
-                "apply",
-                "--server-side",
-                f"--field-manager={FIELD_MANAGER}",
-                "-f",
-                "-",
-                input=render(directory),
-            )
-        # Registered on its own (without caBundle here: cert-manager's way).
-        plane.kubectl(
-            "apply",
-            "--server-side",
-            f"--field-manager={FIELD_MANAGER}",
-            "-f",
-            str(WEBHOOK_CONFIGURATION),
-        )
-        yield plane
+        texts = [render(d) for d in (DEPLOY, KUBEADM_WEBHOOK, ANY_CLUSTER)]
+        texts += [path.read_text() for path in WEBHOOK_CONFIGURATIONS]
+        stored: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        for text in texts:
+            apply = ["apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f", "-"]
+            plane.kubectl(*apply, input=text)
+            written = _objects(text)
+            read = json.loads(plane.kubectl("get", "-f", "-", "-o", "json", input=text).stdout)
+            items = read["items"] if read.get("kind") == "List" else [read]
+            assert len(items) == len(written)
+            stored += list(zip(written, items, strict=True))
+        yield Applied(plane, stored)
+
+
+@pytest.fixture
+def plane(applied: Applied) -> realk8s.ControlPlane:
+    return applied.plane
 
 
 def _objects(text: str) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(text) if doc]
 
 
-def test_both_ways_apply_server_side_and_are_stored_as_written(
-    plane: realk8s.ControlPlane,
-) -> None:
-    texts = [render(DEPLOY), render(ANY_CLUSTER), WEBHOOK_CONFIGURATION.read_text()]
-    for text in texts:
-        for doc in _objects(text):
-            meta = doc["metadata"]
-            args = ["get", f"{doc['kind']}/{meta['name']}", "-o", "json"]
-            if "namespace" in meta:
-                args += ["-n", meta["namespace"]]
-            stored = json.loads(plane.kubectl(*args).stdout)
-            # Every field written survived the API server's validation and defaulting
-            # unchanged (a field it dropped would be a field the manifest misspelt).
-            assert _subset(_comparable(doc), stored), f"{doc['kind']} {meta['name']}"
-    # The webhook configuration kept its CEL match condition, unchanged.
-    stored = json.loads(
-        plane.kubectl("get", "mutatingwebhookconfiguration", "gas-webhook", "-o", "json").stdout
-    )
-    (webhook,) = stored["webhooks"]
-    assert webhook["matchConditions"][0]["name"] == "asks-for-intel-gpu"
+def test_both_ways_apply_server_side_and_are_stored_as_written(applied: Applied) -> None:
+    assert {d["kind"] for d, _ in applied.stored} >= {
+        "Deployment",
+        "DaemonSet",
+        "ConfigMap",
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    }
+    for written, stored in applied.stored:
+        # Every field written survived the API server's validation and defaulting
+        # unchanged (a field it dropped would be a field the manifest misspelt).
+        what = f"{written['kind']} {written['metadata']['name']}"
+        assert (stored["kind"], stored["metadata"]["name"]) == (
+            written["kind"],
+            written["metadata"]["name"],
+        )
+        assert _subset(_comparable(written), stored), what
 
 
 def _comparable(doc: dict[str, Any]) -> dict[str, Any]:
@@ -203,6 +210,9 @@ def test_the_real_authorizer_keeps_the_kubeadm_account_to_its_own_lease(
     assert not can(plane, "gas", "delete", "pods", "-n", "team-a")
     assert not can(plane, "gas", "list", "secrets", "--all-namespaces")
     assert not can(plane, "gas-node", "create", "pods", "--subresource=binding", "-n", "team-a")
+    # The validation-only webhook's account: nothing at all.
+    for request in (("get", "pods", "-n", "team-a"), ("list", "nodes"), ("create", "events")):
+        assert not can(plane, "gas-webhook", *request)
 
 
 # ------------------------------------------------------------------ the profile, end to end
@@ -300,9 +310,12 @@ def test_the_real_scheduler_runs_the_profile_and_binds_gpu_pods_through_gas(
     plane: realk8s.ControlPlane, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The pods here name their scheduler themselves; the webhook that would set it is
-    # registered with this API server in test_webhook_realk8s. Its Service has no pods
-    # here, and GPU pods would be refused (failurePolicy: Fail).
-    plane.kubectl("delete", "mutatingwebhookconfiguration", "gas-webhook")
+    # registered with this API server in test_webhook_realk8s. The Services of the
+    # webhook configurations applied have no pods here, so GPU pods would be refused
+    # (failurePolicy: Fail).
+    plane.kubectl(
+        "delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "gas-webhook"
+    )
     core = client.CoreV1Api(plane.client())
     plane.kubectl("create", "namespace", "team-a")
     # No controller-manager makes the namespace's default ServiceAccount, which admission

@@ -109,7 +109,9 @@ WEBHOOK_CONFIGURATION = "webhook-configuration.yaml"
 KUBEADM = DEPLOY
 ANY_CLUSTER = DEPLOY / "any-cluster"
 BASE = DEPLOY / "base"
-KUSTOMIZATIONS = (KUBEADM, BASE, ANY_CLUSTER)
+# Optional, with the kubeadm way: the validation-only webhook.
+KUBEADM_WEBHOOK = DEPLOY / "kubeadm-webhook"
+KUSTOMIZATIONS = (KUBEADM, BASE, ANY_CLUSTER, KUBEADM_WEBHOOK)
 # Namespaced objects outside gas-system: kube-scheduler's authentication delegation reads a
 # ConfigMap of kube-system, and the Role that allows it lives there.
 KUBE_SYSTEM_OBJECTS = {("RoleBinding", "gas-scheduler-authentication-reader")}
@@ -296,14 +298,40 @@ def test_manifests_name_their_namespace() -> None:
                 assert subject["namespace"] == NAMESPACE, what
 
 
-def test_no_two_documents_name_the_same_object() -> None:
-    """Across both ways too: an object of one way applied over the other's would change
-    it silently."""
+def installation(directory: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(file, document) of everything one way of installing may apply: its kustomizations
+    and the files applied on their own."""
+    directories = [KUBEADM, KUBEADM_WEBHOOK] if directory == KUBEADM else [directory]
+    paths = [p for d in directories for p in way_files(d)]
+    paths += [
+        d / WEBHOOK_CONFIGURATION for d in directories if (d / WEBHOOK_CONFIGURATION).is_file()
+    ]
+    if directory == KUBEADM:
+        paths += [DEPLOY / name for name in sorted(OPTIONAL_MANIFESTS)]
+    return [(_label(p), doc) for p in paths for doc in load_all(p)]
+
+
+@pytest.mark.parametrize("directory", [KUBEADM, ANY_CLUSTER], ids=_label)
+def test_no_two_documents_name_the_same_object(directory: Path) -> None:
+    """Within a way of installing, whatever its parts: an object of one part applied over
+    another's would change it silently. (The two ways share base/ and the webhook's
+    Service name, but are never installed together.)"""
     seen: dict[tuple[str, str, str], str] = {}
-    for file, _, doc in all_documents():
+    for file, doc in installation(directory):
         key = (doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"])
         assert key not in seen, f"{key} in {seen.get(key)} and {file}"
         seen[key] = file
+
+
+def test_every_manifest_belongs_to_a_way_of_installing() -> None:
+    files = {f for d in (KUBEADM, ANY_CLUSTER) for f, _ in installation(d)}
+    assert {_label(p) for p in manifest_files()} == files
+    # The two ways share only base/, and the name of the Service the webhook
+    # configurations call.
+    kubeadm = {(d["kind"], d["metadata"]["name"]) for f, d in installation(KUBEADM)}
+    shared = kubeadm & {(d["kind"], d["metadata"]["name"]) for f, d in installation(ANY_CLUSTER)}
+    base = {(d["kind"], d["metadata"]["name"]) for p in way_files(BASE) for d in load_all(p)}
+    assert shared == base | {("Service", "gas-webhook")}
 
 
 # ------------------------------------------------------------------ kustomizations
@@ -316,9 +344,11 @@ def test_kustomization_lists_every_manifest(directory: Path) -> None:
     files = {r for r in resources if not (directory / r).is_dir()}
     on_disk = {path.name for path in manifest_files(directory)}
     assert files - on_disk == set(), "listed but missing: kubectl apply -k would fail"
-    optional = {KUBEADM: OPTIONAL_MANIFESTS, ANY_CLUSTER: {WEBHOOK_CONFIGURATION}}.get(
-        directory, set()
-    )
+    optional = {
+        KUBEADM: OPTIONAL_MANIFESTS,
+        ANY_CLUSTER: {WEBHOOK_CONFIGURATION},
+        KUBEADM_WEBHOOK: {WEBHOOK_CONFIGURATION},
+    }.get(directory, set())
     assert on_disk - files == optional, "in deploy/ but not applied by the kustomization"
 
 
@@ -338,8 +368,7 @@ def test_each_way_installs_what_it_needs() -> None:
         )
     }
     # Every manifest belongs to a way, or is the optional labeller.
-    optional = OPTIONAL_MANIFESTS | {f"any-cluster/{WEBHOOK_CONFIGURATION}"}
-    assert {_label(p) for p in manifest_files()} == kubeadm | any_cluster | optional
+    assert {_label(p) for p in way_files(KUBEADM_WEBHOOK)} == {"kubeadm-webhook/webhook.yaml"}
 
 
 @pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=_label)
@@ -415,7 +444,7 @@ def _key(doc: dict[str, Any]) -> tuple[str, str, str]:
     return (doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"])
 
 
-@pytest.mark.parametrize("directory", [KUBEADM, ANY_CLUSTER], ids=_label)
+@pytest.mark.parametrize("directory", [KUBEADM, ANY_CLUSTER, KUBEADM_WEBHOOK], ids=_label)
 def test_kubectl_kustomize_builds_exactly_the_files(directory: Path) -> None:
     built = kustomize_build(directory)
     assert sorted(built, key=_key) == sorted(way_documents(directory), key=_key)
@@ -697,7 +726,7 @@ def test_webhook_container_serves_the_service_with_its_own_certificate() -> None
     for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
         get = webhook[probe]["httpGet"]
         assert (get["path"], get["scheme"], get["port"]) == (path, "HTTPS", "webhook")
-    service = find("Service", "gas-webhook")
+    service = way_find(ANY_CLUSTER, "Service", "gas-webhook")
     (service_port,) = service["spec"]["ports"]
     assert (service_port["port"], service_port["targetPort"]) == (443, "webhook")
     labels = find("Deployment", "gas-scheduler")["spec"]["template"]["metadata"]["labels"]
@@ -707,10 +736,17 @@ def test_webhook_container_serves_the_service_with_its_own_certificate() -> None
 def test_scheduler_pods_arguments_are_the_commands_flags() -> None:
     from gas.cli import COMMANDS, _go_style, build_parser
 
-    for name, command in (("gas", "serve"), ("webhook", "webhook")):
-        if command not in COMMANDS and command != "serve":
-            pytest.skip(f"this build has no `gas {command}` command yet")
-        container = _container(name)
+    if "webhook" not in COMMANDS:
+        pytest.skip("this build has no `gas webhook` command yet")
+    (kubeadm_webhook,) = way_find(KUBEADM_WEBHOOK, "Deployment", "gas-webhook")["spec"]["template"][
+        "spec"
+    ]["containers"]
+    for container, command in (
+        (_container("gas"), "serve"),
+        (_container("webhook"), "webhook"),
+        (kubeadm_webhook, "webhook"),
+    ):
+        name = container["name"]
         try:
             args = build_parser().parse_args(_go_style(container["args"]))
         except SystemExit:
@@ -727,7 +763,7 @@ def test_webhook_configuration_is_the_one_gas_builds() -> None:
     assert shipped == webhook_configuration(None)
     (webhook,) = shipped["webhooks"]
     assert "caBundle" not in webhook["clientConfig"]
-    service = find("Service", "gas-webhook")
+    service = way_find(ANY_CLUSTER, "Service", "gas-webhook")
     reference = webhook["clientConfig"]["service"]
     assert (reference["namespace"], reference["name"]) == (NAMESPACE, "gas-webhook")
     assert reference["port"] == service["spec"]["ports"][0]["port"]
@@ -750,7 +786,7 @@ def test_scheduler_budget_keeps_one_pod_and_selects_only_the_scheduler() -> None
             labels = doc["spec"]["template"]["metadata"].get("labels") or {}
             selector = budget["spec"]["selector"]["matchLabels"]
             assert not _selects(selector, labels), f"{file}: the budget would count it"
-            webhook = find("Service", "gas-webhook")["spec"]["selector"]
+            webhook = way_find(ANY_CLUSTER, "Service", "gas-webhook")["spec"]["selector"]
             assert not _selects(webhook, labels), f"{file}: gas-webhook would route to it"
 
 
@@ -765,6 +801,51 @@ def test_gas_check_config_passes_the_profile_with_its_deployment(
     code = run(parser.parse_args([*files, "--kubernetesVersion", "1.28"]))
     out = capsys.readouterr().out
     assert (code, out) == (0, "OK\n")
+
+
+# ------------------------------------------------------------------ the kubeadm way's webhook
+
+
+def test_kubeadm_webhook_validates_only_and_holds_no_rights() -> None:
+    deployment = way_find(KUBEADM_WEBHOOK, "Deployment", "gas-webhook")
+    pod = deployment["spec"]["template"]["spec"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["replicas"] == 2
+    assert _selects(deployment["spec"]["selector"]["matchLabels"], labels)
+    (webhook,) = pod["containers"]
+    assert webhook["args"][0] == "webhook" and "--validateOnly" in webhook["args"]
+    flags = _flags(webhook["args"])
+    (port,) = webhook["ports"]
+    assert port == {"name": "webhook", "containerPort": int(flags["port"])}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert webhook[probe]["httpGet"]["scheme"] == "HTTPS"
+    assert webhook["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    # It makes no API call: no token mounted, nothing bound to its account.
+    assert (
+        pod["serviceAccountName"] == "gas-webhook" and pod["automountServiceAccountToken"] is False
+    )
+    assert bindings_of("gas-webhook") == []
+    service = way_find(KUBEADM_WEBHOOK, "Service", "gas-webhook")
+    assert _selects(service["spec"]["selector"], labels)
+    assert service["spec"]["ports"][0]["targetPort"] == "webhook"
+    for file, doc in installation(KUBEADM):
+        if doc["kind"] in WORKLOAD_KINDS and doc["metadata"]["name"] != "gas-webhook":
+            other = doc["spec"]["template"]["metadata"].get("labels") or {}
+            assert not _selects(service["spec"]["selector"], other), file
+    budget = way_find(KUBEADM_WEBHOOK, "PodDisruptionBudget", "gas-webhook")
+    assert budget["spec"]["minAvailable"] < deployment["spec"]["replicas"]
+    assert _selects(budget["spec"]["selector"]["matchLabels"], labels)
+
+
+def test_kubeadm_webhook_configuration_is_the_validating_one_gas_builds() -> None:
+    try:
+        from gas.tools.webhook_config import webhook_configuration
+    except ImportError:
+        pytest.skip("gas.tools.webhook_config is not there yet")
+    (shipped,) = load_all(KUBEADM_WEBHOOK / WEBHOOK_CONFIGURATION)
+    assert shipped == webhook_configuration(None, validate_only=True)
+    assert shipped["kind"] == "ValidatingWebhookConfiguration"
 
 
 # ------------------------------------------------------------------ RBAC against the code
