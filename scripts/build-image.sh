@@ -127,6 +127,9 @@ else
     cannot "no registry serves $BASE_IMAGE and mmdebstrap is not installed to make the base"
   "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || cannot "$PYTHON cannot make a virtualenv with pip"
   mkdir -p "$CACHE"
+  # One build at a time fills the cache (two test sessions may start together).
+  exec 9>"$CACHE/.lock"
+  flock 9
   work="$(mktemp -d "${TMPDIR:-/tmp}/gas-image.XXXXXX")"
   trap 'rm -rf "$work"' EXIT
 
