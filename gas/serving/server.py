@@ -237,6 +237,15 @@ before the socket is found drained: two cover kube-scheduler's requests (a small
 one write; a larger one as Go's 4 kB buffer, then the rest). Each check copies what was
 read so far, so a client sending many small records must not get one per read: the work
 would grow with the square of the request's size."""
+UNREAD_BODY_SECONDS = 10.0
+UNREAD_BODY_MIN_BYTES = 1024 * 1024
+"""A body the app answered without reading (413 for one over the limit, 404, 405) is still
+read to its end and dropped after the answer, for up to this long and up to twice the
+app's body limit (at least UNREAD_BODY_MIN_BYTES): a client may be writing it still, and
+one that writes its whole body before reading (Python's http.client, most scripts) fails
+mid-write and never sees the answer if gas closes early; read to its end, the connection
+also serves the next request. gunicorn alone drains 64 KiB, then closes. Past either bound
+the connection is closed, as other servers do (Go's drains 256 KiB)."""
 NEXT_REQUEST_WAIT = 0.002
 """How long a thread that answered a request on a kept-alive connection waits for the
 connection's next request, when no other connection waits for a thread, before handing the
@@ -380,6 +389,18 @@ class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
     def load_wsgi(self) -> None:
         super().load_wsgi()
         self._direct, self._direct_limits = direct_posts(self.wsgi, self.cfg)
+
+    def _keepalive_after(self, conn: Any, keepalive: bool) -> bool:
+        """gthread's: whether to keep `conn` after an answer, its request's unread body
+        first read and dropped, here within UNREAD_BODY_SECONDS and bytes."""
+        if not keepalive:
+            return False
+        limit = getattr(self.wsgi, "config", {}).get("MAX_CONTENT_LENGTH") or 0
+        drained = conn.parser.finish_body(
+            deadline=time.monotonic() + UNREAD_BODY_SECONDS,
+            max_bytes=max(2 * limit, UNREAD_BODY_MIN_BYTES),
+        )
+        return bool(drained)
 
     def _answer_direct(self, conn: Any) -> bool | None:
         """Answer the buffered request through the app's `routes.DIRECT_POST` when it
