@@ -4,12 +4,14 @@ Both ways of installing, rendered by the real `kubectl kustomize`, are applied s
 the real RBAC authorizer is asked what the accounts may do; and the any-cluster profile's
 configuration, as deploy/ renders it, is run by the real kube-scheduler with leader
 election on, under the gas-scheduler ServiceAccount's own token, beside a real
-`gas serve --schedulerLease`, to bind a GPU pod through gas.
+`gas serve --schedulerLease` and `gas webhook`, to bind through gas a GPU pod created with
+no schedulerName.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import socket
 import ssl
@@ -27,10 +29,12 @@ import yaml
 from kubernetes import client
 
 from gas.core.model import ANNOTATION_CARDS, ANNOTATION_TS
+from gas.tools.webhook_config import PATH, webhook_configuration
 from tests.support import realk8s
 from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.objects import container, gpu_node, gpu_pod
 from tests.support.polling import wait_for
+from tests.support.webhookproc import WebhookProcess
 
 pytestmark = [
     pytest.mark.skipif(realk8s.missing() is not None, reason=str(realk8s.missing())),
@@ -309,10 +313,8 @@ def _healthz(port: int) -> tuple[int, str]:
 def test_the_real_scheduler_runs_the_profile_and_binds_gpu_pods_through_gas(
     plane: realk8s.ControlPlane, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The pods here name their scheduler themselves; the webhook that would set it is
-    # registered with this API server in test_webhook_realk8s. The Services of the
-    # webhook configurations applied have no pods here, so GPU pods would be refused
-    # (failurePolicy: Fail).
+    # The webhook configurations applied call Services that have no pods here: the
+    # webhook runs on loopback instead, registered as the one deploy/ ships, pointed at it.
     plane.kubectl(
         "delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "gas-webhook"
     )
@@ -329,75 +331,96 @@ def test_the_real_scheduler_runs_the_profile_and_binds_gpu_pods_through_gas(
     # kube-scheduler's identity; here both run on this machine.
     monkeypatch.setenv("POD_NAME", socket.gethostname())
     monkeypatch.setenv("POD_NAMESPACE", NAMESPACE)
-    gas = GasProcess(
-        ["--kubeConfig", kubeconfig, "--schedulerLease", SCHEDULER, "--v", "4"],
-        tmp_path / "gas.log",
-        tls,
+    with contextlib.ExitStack() as stack:
+        gas = GasProcess(
+            ["--kubeConfig", kubeconfig, "--schedulerLease", SCHEDULER, "--v", "4"],
+            tmp_path / "gas.log",
+            tls,
+        )
+        stack.callback(gas.stop)
+        # gas's certificate from `gas certs` carries 127.0.0.1, where the API server calls.
+        webhook = WebhookProcess([], tmp_path / "webhook.log", tls)
+        stack.callback(webhook.stop)
+        _profile_binds_through_gas(plane, core, tls, kubeconfig, gas, webhook)
+
+
+def _profile_binds_through_gas(
+    plane: realk8s.ControlPlane,
+    core: client.CoreV1Api,
+    tls: TLSFiles,
+    kubeconfig: str,
+    gas: GasProcess,
+    webhook: WebhookProcess,
+) -> None:
+    webhook.wait_ready()
+    url = f"https://127.0.0.1:{webhook.port}{PATH}"
+    registered = webhook_configuration(Path(tls.ca).read_bytes(), url=url)
+    plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(registered))
+    gas.wait_ready()
+    # Ready, synced, but no scheduler leads yet: the verbs are refused.
+    refused = gas.post("/scheduler/filter", {"Pod": _pod("early", SCHEDULER), "NodeNames": []})
+    assert refused.status_code == 503, refused.text
+
+    health = realk8s.free_port()
+    config = profile_configuration(kubeconfig, tls, gas.port)
+    # In a pod, its HTTPS port's delegated authentication and authorisation use the
+    # in-cluster configuration; here the same account's kubeconfig, named.
+    delegation = [f"--authentication-kubeconfig={kubeconfig}"]
+    delegation += [f"--authorization-kubeconfig={kubeconfig}"]
+    scheduler = plane.start_scheduler(
+        yaml.safe_dump(config),
+        name=SCHEDULER,
+        args=[f"--secure-port={health}", *delegation],
     )
+    # As a user writes them: no schedulerName. The webhook sends the GPU pod to
+    # gas-scheduler and leaves the plain one to the default scheduler.
+    gpu_body: Any = _pod("gpu", None)
+    plain_body: Any = gpu_pod("plain", container(), namespace="team-a")
+    del plain_body["status"], plain_body["spec"]["schedulerName"]
+    created = core.create_namespaced_pod("team-a", gpu_body).to_dict()
+    assert created["spec"]["scheduler_name"] == SCHEDULER
+    core.create_namespaced_pod("team-a", plain_body)
+
+    def bound() -> dict[str, Any] | None:
+        pod = core.read_namespaced_pod("gpu", "team-a").to_dict()
+        return pod if pod["spec"]["node_name"] else None
+
     try:
-        gas.wait_ready()
-        # Ready, synced, but no scheduler leads yet: the verbs are refused.
-        refused = gas.post("/scheduler/filter", {"Pod": _pod("early", SCHEDULER), "NodeNames": []})
-        assert refused.status_code == 503, refused.text
+        pod = wait_for(bound, timeout=60, what="the GPU pod bound")
+    except TimeoutError as exc:
+        raise AssertionError(
+            f"not bound\nkube-scheduler:\n{scheduler.tail()}\ngas:\n{gas.log()[-4000:]}"
+        ) from exc
+    assert pod["spec"]["node_name"] == "gpu-1"
+    annotations = pod["metadata"]["annotations"]
+    assert annotations[ANNOTATION_CARDS] == "card0" and ANNOTATION_TS in annotations
 
-        health = realk8s.free_port()
-        config = profile_configuration(kubeconfig, tls, gas.port)
-        # In a pod, its HTTPS port's delegated authentication and authorisation use the
-        # in-cluster configuration; here the same account's kubeconfig, named.
-        delegation = [f"--authentication-kubeconfig={kubeconfig}"]
-        delegation += [f"--authorization-kubeconfig={kubeconfig}"]
-        scheduler = plane.start_scheduler(
-            yaml.safe_dump(config),
-            name=SCHEDULER,
-            args=[f"--secure-port={health}", *delegation],
-        )
-        gpu_body: Any = _pod("gpu", SCHEDULER)
-        plain_body: Any = _pod("default", None)
-        core.create_namespaced_pod("team-a", gpu_body)
-        core.create_namespaced_pod("team-a", plain_body)
+    # The Lease is the scheduler's, held under this host's name: the one gas follows.
+    lease = json.loads(
+        plane.kubectl("get", "lease", SCHEDULER, "-n", NAMESPACE, "-o", "json").stdout
+    )
+    assert lease["spec"]["holderIdentity"].startswith(socket.gethostname() + "_")
 
-        def bound() -> dict[str, Any] | None:
-            pod = core.read_namespaced_pod("gpu", "team-a").to_dict()
-            return pod if pod["spec"]["node_name"] else None
+    # The Event says who scheduled it.
+    events = json.loads(plane.kubectl("get", "events", "-n", "team-a", "-o", "json").stdout)[
+        "items"
+    ]
+    scheduled = [
+        e for e in events if e["reason"] == "Scheduled" and e["involvedObject"]["name"] == "gpu"
+    ]
+    assert scheduled and scheduled[0]["reportingComponent"] == SCHEDULER
 
-        try:
-            pod = wait_for(bound, timeout=60, what="the GPU pod bound")
-        except TimeoutError as exc:
-            raise AssertionError(
-                f"not bound\nkube-scheduler:\n{scheduler.tail()}\ngas:\n{gas.log()[-4000:]}"
-            ) from exc
-        assert pod["spec"]["node_name"] == "gpu-1"
-        annotations = pod["metadata"]["annotations"]
-        assert annotations[ANNOTATION_CARDS] == "card0" and ANNOTATION_TS in annotations
+    # No default scheduler runs: the plain pod waits, untouched by gas-scheduler.
+    time.sleep(2)
+    plain = core.read_namespaced_pod("plain", "team-a").to_dict()
+    assert plain["spec"]["scheduler_name"] == "default-scheduler"
+    assert plain["spec"]["node_name"] is None
 
-        # The Lease is the scheduler's, held under this host's name: the one gas follows.
-        lease = json.loads(
-            plane.kubectl("get", "lease", SCHEDULER, "-n", NAMESPACE, "-o", "json").stdout
-        )
-        assert lease["spec"]["holderIdentity"].startswith(socket.gethostname() + "_")
-
-        # The Event says who scheduled it.
-        events = json.loads(plane.kubectl("get", "events", "-n", "team-a", "-o", "json").stdout)[
-            "items"
-        ]
-        scheduled = [
-            e for e in events if e["reason"] == "Scheduled" and e["involvedObject"]["name"] == "gpu"
-        ]
-        assert scheduled and scheduled[0]["reportingComponent"] == SCHEDULER
-
-        # No default scheduler runs: the pod that names it waits, untouched by gas-scheduler.
-        time.sleep(2)
-        plain = core.read_namespaced_pod("default", "team-a").to_dict()
-        assert plain["spec"]["scheduler_name"] == "default-scheduler"
-        assert plain["spec"]["node_name"] is None
-
-        # The probes of the Deployment: /healthz without credentials.
-        assert _healthz(health) == (200, "ok")
-        log = scheduler.log()
-        # Its account read what it needed (the authentication reader's ConfigMap among
-        # it): nothing was forbidden, nothing left unread.
-        assert "forbidden" not in log.lower(), scheduler.tail()
-        assert "won't work" not in log and "Unable to get configmap" not in log, scheduler.tail()
-        assert "Forbidden" not in gas.log()
-    finally:
-        gas.stop()
+    # The probes of the Deployment: /healthz without credentials.
+    assert _healthz(health) == (200, "ok")
+    log = scheduler.log()
+    # Its account read what it needed (the authentication reader's ConfigMap among
+    # it): nothing was forbidden, nothing left unread.
+    assert "forbidden" not in log.lower(), scheduler.tail()
+    assert "won't work" not in log and "Unable to get configmap" not in log, scheduler.tail()
+    assert "Forbidden" not in gas.log()
