@@ -372,6 +372,20 @@ def _profile_binds_through_gas(
         name=SCHEDULER,
         args=[f"--secure-port={health}", *delegation],
     )
+    try:
+        _gpu_pod_bound_by_gas(plane, core, gas, scheduler, health)
+    finally:
+        # SIGTERM: it gives the Lease up, for the next test's schedulers.
+        scheduler.stop()
+
+
+def _gpu_pod_bound_by_gas(
+    plane: realk8s.ControlPlane,
+    core: client.CoreV1Api,
+    gas: GasProcess,
+    scheduler: realk8s.Process,
+    health: int,
+) -> None:
     # As a user writes them: no schedulerName. The webhook sends the GPU pod to
     # gas-scheduler and leaves the plain one to the default scheduler.
     gpu_body: Any = _pod("gpu", None)
@@ -424,3 +438,105 @@ def _profile_binds_through_gas(
     assert "forbidden" not in log.lower(), scheduler.tail()
     assert "won't work" not in log and "Unable to get configmap" not in log, scheduler.tail()
     assert "Forbidden" not in gas.log()
+
+
+# ------------------------------------------------------------------ two pods, one binder
+
+
+def _start_pod_scheduler(
+    plane: realk8s.ControlPlane, pod: str, config: dict[str, Any]
+) -> realk8s.Process:
+    """kube-scheduler as in the pod `pod`: in a UTS namespace of its own whose hostname is
+    the pod's name, so that its identity is `<pod>_<uuid>` as in a cluster."""
+    path = plane.workdir / f"{pod}.config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    command = [
+        "unshare",
+        "--uts",
+        "sh",
+        "-c",
+        f'hostname {pod} && exec "$0" "$@"',
+        str(realk8s.binary("kube-scheduler")),
+        f"--config={path}",
+        "--secure-port=0",
+        "--bind-address=127.0.0.1",
+    ]
+    return realk8s.Process(pod, command, plane.workdir / f"{pod}.log")
+
+
+def _holder(plane: realk8s.ControlPlane) -> str:
+    done = plane.kubectl("get", "lease", SCHEDULER, "-n", NAMESPACE, "-o", "json", check=False)
+    if done.returncode != 0:
+        return ""
+    holder: str = json.loads(done.stdout)["spec"].get("holderIdentity") or ""
+    return holder.split("_", 1)[0]
+
+
+def test_two_scheduler_pods_one_gas_binds_and_the_other_takes_over(
+    plane: realk8s.ControlPlane, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two pods' worth of kube-scheduler + gas, each scheduler calling its own gas: only
+    the gas beside the leading scheduler answers; when that pod stops, the other pod's
+    scheduler takes the Lease and its gas binds."""
+    if subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode != 0:
+        pytest.skip("unshare --uts is not permitted here (it needs root or user namespaces)")
+    plane.kubectl(
+        "delete",
+        "mutatingwebhookconfiguration,validatingwebhookconfiguration",
+        "gas-webhook",
+        "--ignore-not-found",
+    )
+    core = client.CoreV1Api(plane.client())
+    plane.kubectl("create", "namespace", "team-b")
+    plane.kubectl("create", "serviceaccount", "default", "-n", "team-b")
+    _gpu_node(core, "gpu-2")
+    tls = gas_certs(tmp_path / "certs")
+    kubeconfig = token_kubeconfig(plane, SCHEDULER, tmp_path / "gas-scheduler.kubeconfig")
+    monkeypatch.setenv("POD_NAMESPACE", NAMESPACE)
+    pods = ("gas-scheduler-a", "gas-scheduler-b")
+    with contextlib.ExitStack() as stack:
+        gas: dict[str, GasProcess] = {}
+        schedulers: dict[str, realk8s.Process] = {}
+        for pod in pods:
+            monkeypatch.setenv("POD_NAME", pod)
+            args = ["--kubeConfig", kubeconfig, "--schedulerLease", SCHEDULER, "--v", "4"]
+            gas[pod] = GasProcess(args, tmp_path / f"gas-{pod}.log", tls)
+            stack.callback(gas[pod].stop)
+        for pod in pods:
+            gas[pod].wait_ready()
+            config = profile_configuration(kubeconfig, tls, gas[pod].port)
+            schedulers[pod] = _start_pod_scheduler(plane, pod, config)
+            stack.callback(schedulers[pod].stop)
+        leader = wait_for(lambda: _holder(plane) in pods and _holder(plane), what="a leader")
+        (standby,) = [p for p in pods if p != leader]
+
+        # Only the leader's gas answers; the standby's is synced but refuses.
+        probe = {"Pod": _pod("probe", SCHEDULER), "NodeNames": ["gpu-2"]}
+        assert gas[standby].post("/scheduler/filter", probe).status_code == 503
+        assert gas[leader].post("/scheduler/filter", probe).status_code == 200
+
+        def bound(name: str) -> dict[str, Any] | None:
+            pod: dict[str, Any] = core.read_namespaced_pod(name, "team-b").to_dict()
+            return pod if pod["spec"]["node_name"] else None
+
+        first: Any = _pod("first", SCHEDULER)
+        first["metadata"]["namespace"] = "team-b"
+        core.create_namespaced_pod("team-b", first)
+        wait_for(lambda: bound("first"), timeout=60, what="the first pod bound")
+        assert "first" in gas[leader].log() and "first" not in gas[standby].log()
+
+        # The leader's pod stops (a rollout, a drain): its scheduler gives the Lease up.
+        schedulers[leader].stop()
+        gas[leader].stop()
+        wait_for(lambda: _holder(plane) == standby, timeout=60, what="the standby leading")
+        second: Any = _pod("second", SCHEDULER)
+        second["metadata"]["namespace"] = "team-b"
+        core.create_namespaced_pod("team-b", second)
+        try:
+            pod = wait_for(lambda: bound("second"), timeout=60, what="the second pod bound")
+        except TimeoutError as exc:
+            raise AssertionError(
+                f"{schedulers[standby].tail()}\n{gas[standby].log()[-4000:]}"
+            ) from exc
+        assert ANNOTATION_CARDS in pod["metadata"]["annotations"]
+        assert "second" in gas[standby].log()
