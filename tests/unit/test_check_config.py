@@ -865,7 +865,9 @@ def test_the_default_schedulers_lease_is_refused(
     config = profile()
     config["leaderElection"] = {"leaderElect": True}
     result = lint_profile(capsys, tmp_path, config)
-    result.only("ERROR", "data[config.yaml].leaderElection.resourceName", "missing", "take turns")
+    result.only(
+        "ERROR", "data[config.yaml].leaderElection.resourceName", "missing", "schedules nothing"
+    )
     config["leaderElection"] = {
         "leaderElect": True,
         "resourceName": "kube-scheduler",

@@ -196,12 +196,13 @@ def _leader_election(checker: Checker, doc: LocatedMap, workload: Workload | Non
     election = election if isinstance(election, LocatedMap) else LocatedMap()
     line = line_of(doc, "leaderElection") or doc.line
     follows = workload.scheduler_lease if workload is not None else None
+    who = workload.name if workload is not None else ""
     if election.get("leaderElect") is False:
         where = "leaderElection.leaderElect"
         if follows is not None:
             checker.error(
                 where,
-                f"false, but gas in {workload.name if workload else ''} follows Lease "
+                f"false, but gas in {who} follows Lease "
                 f"{follows!r} (--schedulerLease): no scheduler ever holds it, so gas answers "
                 "every call with 503 and no GPU pod is scheduled",
                 line_of(election, "leaderElect"),
@@ -229,15 +230,16 @@ def _leader_election(checker: Checker, doc: LocatedMap, workload: Workload | Non
             "leaderElection.resourceName",
             f"{'missing: defaults to' if 'resourceName' not in election else 'is'} "
             f"{DEFAULT_LEASE!r} in {DEFAULT_LEASE_NAMESPACE}, the default scheduler's Lease: "
-            "the two schedulers would take turns, each stopping the other while it leads; "
-            "name a Lease of its own (gas-scheduler in gas's namespace)",
+            "while one of the two schedulers holds it the other schedules nothing, so "
+            "either every pod of the default scheduler or every GPU pod waits; name a "
+            "Lease of its own (gas-scheduler in gas's namespace)",
             line_of(election, "resourceName") or line,
         )
         return
     if follows is not None and name != follows:
         checker.error(
             "leaderElection.resourceName",
-            f"{name!r}, but gas in {workload.name if workload else ''} follows Lease "
+            f"{name!r}, but gas in {who} follows Lease "
             f"{follows!r} (--schedulerLease): gas would never see its scheduler lead, and "
             "answers every call with 503",
             line_of(election, "resourceName") or line,
