@@ -733,6 +733,17 @@ def test_webhook_container_serves_the_service_with_its_own_certificate() -> None
     assert _selects(service["spec"]["selector"], labels)
 
 
+def test_webhook_counts_the_annotation_problems_gas_counts() -> None:
+    """--enableAllowlist and --enableDenylist decide which gas-allow / gas-deny problems
+    refuse a pod: the webhook must refuse exactly what gas's filter would."""
+    toggles = {"--enableAllowlist", "--enableDenylist"}
+
+    def enabled(args: list[str]) -> set[str]:
+        return {a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in toggles}
+
+    assert enabled(_container("webhook")["args"]) == enabled(_container("gas")["args"])
+
+
 def test_scheduler_pods_arguments_are_the_commands_flags() -> None:
     from gas.cli import COMMANDS, _go_style, build_parser
 
