@@ -197,7 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Other commands: each module has add_arguments(parser) and run(args) -> exit status, and
-# keeps heavy imports inside run() so `gas serve` starts fast.
+# keeps heavy imports inside run() so `gas serve` starts fast. Every parser is built at each
+# start, so a module here imports nothing an extra brings (gas node's grpcio, protobuf,
+# pyudev): without the extra, its run() says which to install.
 COMMANDS = {
     "certs": (
         "gas.tools.certs",
