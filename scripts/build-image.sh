@@ -99,7 +99,8 @@ image_id() {
 build() { # build CONTEXT CONTAINERFILE
   case "$tool" in
     docker) docker build --tag "$tag" --file "$2" "$1" ;;
-    podman) podman build --tag "$tag" --file "$2" "$1" ;;
+    # No intermediate image per instruction left in the store at each build.
+    podman) podman build --layers=false --tag "$tag" --file "$2" "$1" ;;
     buildah) buildah build --tag "$tag" --file "$2" "$1" ;;
   esac
 }
@@ -227,7 +228,8 @@ ENTRYPOINT ["gas"]
 CMD ["serve"]
 EOF
   say "building $tag on $base_image with $tool"
-  build "$work/context" "$work/Containerfile" >/dev/null
+  build "$work/context" "$work/Containerfile" >"$work/build.log" 2>&1 ||
+    { cat "$work/build.log" >&2; exit 1; }
 fi
 
 new_id="$(image_id "$tag")"
