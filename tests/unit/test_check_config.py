@@ -951,3 +951,16 @@ def test_a_configmap_holding_something_else_than_a_configuration(
     )
     result = lint(capsys, tmp_path, text)
     result.only("ERROR", "data[config.yaml]", "not valid YAML")
+
+
+def test_an_ip_urlprefix_without_server_name_needs_that_ip_in_the_certificate(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = copy.deepcopy(GAS_V1)
+    del config["extenders"][0]["tlsConfig"]["serverName"]
+    config["extenders"][0]["urlPrefix"] = "https://10.96.0.50:9001"
+    lint(capsys, tmp_path, config).only("WARNING", "extenders[0].tlsConfig", "gas certs --ip")
+    # The loopback address is in every certificate `gas certs` makes.
+    config = profile()
+    assert "serverName" not in config["extenders"][0]["tlsConfig"]
+    assert lint_profile(capsys, tmp_path, config).lines == ["OK"]

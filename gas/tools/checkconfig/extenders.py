@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from gas.core.durations import NANOSECONDS_PER_SECOND, format_seconds, parse_go_duration
 from gas.core.model import ANNOTATION_CARDS, I915, RESOURCE_PREFIX, XE
 from gas.serving import routes
+from gas.tools.certs import LOOPBACK_IPS
 from gas.tools.checkconfig.checker import Checker
 from gas.tools.checkconfig.load import LocatedMap, join_path, line_of
 from gas.tools.checkconfig.values import Form, extended_resource_problem, is_int, type_name
@@ -296,6 +297,9 @@ def _server_name(
         host = urlsplit(url).hostname or ""
         ipaddress.ip_address(host)
     except ValueError:
+        return
+    if host in LOOPBACK_IPS:
+        # `gas certs` always puts the loopback address in gas's certificate.
         return
     checker.warning(
         tls_path,
