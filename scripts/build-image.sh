@@ -3,7 +3,7 @@
 # store of docker, podman or buildah, whichever is installed and works (GAS_IMAGE_TOOL picks
 # one).
 #
-#   scripts/build-image.sh [--base auto|registry|local] [--refresh-base] [--tag NAME:TAG]
+#   scripts/build-image.sh [--base auto|registry|local] [--refresh] [--tag NAME:TAG]
 #   scripts/build-image.sh --print-tag     # the tag it would build, gas:<version>
 #
 # Two ways to the same image (docs/image.md):
@@ -17,8 +17,8 @@
 # be pulled, the local way otherwise.
 #
 # The root filesystem and the dependencies' wheels are kept in GAS_IMAGE_CACHE
-# (~/.cache/gas-image), named by a hash of what made them; --refresh-base makes the root
-# filesystem again (for the Debian security updates since).
+# (~/.cache/gas-image), named by a hash of what made them; --refresh makes both again (for
+# the Debian security updates and the dependencies' releases since: a release build should).
 #
 # Exit status: 0 built; 3 this machine cannot build it (no working tool, no mmdebstrap and no
 # registry), said on stderr; anything else, the build failed.
@@ -35,14 +35,14 @@ CACHE="${GAS_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gas-image}"
 PYTHON="${PYTHON:-python3}"
 
 base_mode=auto
-refresh_base=0
+refresh=0
 print_tag=0
 tag=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --base) base_mode="$2"; shift 2 ;;
     --base=*) base_mode="${1#--base=}"; shift ;;
-    --refresh-base) refresh_base=1; shift ;;
+    --refresh) refresh=1; shift ;;
     --print-tag) print_tag=1; shift ;;
     --tag) tag="$2"; shift 2 ;;
     --tag=*) tag="${1#--tag=}"; shift ;;
@@ -127,6 +127,9 @@ else
   command -v mmdebstrap >/dev/null ||
     cannot "no registry serves $BASE_IMAGE and mmdebstrap is not installed to make the base"
   "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || cannot "$PYTHON cannot make a virtualenv with pip"
+  # The wheels pip picks are those of the Python that runs it: it must be the image's 3.11.
+  "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' ||
+    cannot "the local way needs Python 3.11 to build the wheels (set PYTHON=python3.11)"
   mkdir -p "$CACHE"
   # One build at a time fills the cache (two test sessions may start together).
   exec 9>"$CACHE/.lock"
@@ -159,16 +162,17 @@ else
   base_key="$(printf '%s\n' "$SUITE" "${mm_args[@]}" "${sources[@]}" | sha256sum | cut -c1-16)"
   base_tar="$CACHE/base-$SUITE-$base_key.tar"
   base_image="localhost/gas-base:$SUITE-$base_key"
-  if [ "$refresh_base" = 1 ]; then
+  if [ "$refresh" = 1 ]; then
     rm -f "$base_tar"
-    image_exists "$base_image" && "$tool" rmi "$base_image" >/dev/null 2>&1 || true
   fi
   if [ ! -f "$base_tar" ]; then
     say "making the Debian $SUITE base with mmdebstrap ($base_tar)"
     mmdebstrap --quiet "${mm_args[@]}" "$SUITE" "$work/base.tar" "${sources[@]}"
     mv "$work/base.tar" "$base_tar"
+    # A base of the same name made before stays under the images built on it, nameless.
+    reimport=1
   fi
-  if ! image_exists "$base_image"; then
+  if [ "${reimport:-0}" = 1 ] || ! image_exists "$base_image"; then
     say "importing the base as $base_image"
     case "$tool" in
       docker|podman) "$tool" import "$base_tar" "$base_image" >/dev/null ;;
@@ -192,7 +196,7 @@ else
   py_tag="$("$PYTHON" -c 'import sys, sysconfig; print(sys.implementation.cache_tag, sysconfig.get_platform())')"
   wheel_key="$( (cat setup.py; echo "$py_tag") | sha256sum | cut -c1-16)"
   deps="$CACHE/wheels-$wheel_key"
-  if [ ! -f "$deps/.complete" ]; then
+  if [ "$refresh" = 1 ] || [ ! -f "$deps/.complete" ]; then
     say "building the dependencies' wheels ($deps)"
     rm -rf "$deps"
     "${pip[@]}" wheel --quiet --wheel-dir "$deps" '.[labeler,node]'
