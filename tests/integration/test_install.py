@@ -8,6 +8,8 @@ wheel and installs it in a fresh virtualenv, with its dependencies from PyPI.
 
 from __future__ import annotations
 
+import importlib.util
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -99,20 +101,16 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh virtualenv with gas's wheel installed, no extras; its bin directory."""
     work = tmp_path_factory.mktemp("install")
     wheels = work / "wheels"
-    # The build backend from this virtualenv: the wheel is what a user gets from the sdist.
-    _check(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "--wheel-dir",
-            str(wheels),
-            str(ROOT),
-        ]
-    )
+    # Built from a copy of what the package is made of: setuptools writes build/ and
+    # gas.egg-info beside setup.py, which must not race with anyone else's build here.
+    source = work / "source"
+    source.mkdir()
+    shutil.copy(ROOT / "setup.py", source)
+    shutil.copytree(ROOT / "gas", source / "gas", ignore=shutil.ignore_patterns("__pycache__"))
+    # This virtualenv's setuptools when it has one; else pip fetches one to build with.
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation]
+    _check([*build, "--wheel-dir", str(wheels), str(source)])
     (wheel,) = wheels.glob("gas-*.whl")
     env_dir = work / "venv"
     venv.create(env_dir, with_pip=True)
