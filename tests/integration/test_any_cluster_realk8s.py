@@ -540,3 +540,33 @@ def test_two_scheduler_pods_one_gas_binds_and_the_other_takes_over(
             ) from exc
         assert ANNOTATION_CARDS in pod["metadata"]["annotations"]
         assert "second" in gas[standby].log()
+
+
+def test_reapplying_a_configuration_without_ca_bundle_erases_the_installed_one(
+    plane: realk8s.ControlPlane, tmp_path: Path
+) -> None:
+    """Why the webhook configurations of deploy/ are applied on their own, not by the
+    kustomizations: `kubectl apply` of the copy without caBundle, after `gas certs`' copy
+    was applied, drops the caBundle, and the API server can no longer verify the webhook."""
+    name = "gas-webhook-reapply"
+    without = yaml.safe_load(WEBHOOK_CONFIGURATIONS[0].read_text())
+    without["metadata"]["name"] = name
+    tls = gas_certs(tmp_path / "certs")
+    with_bundle = webhook_configuration(Path(tls.ca).read_bytes())
+    with_bundle["metadata"]["name"] = name
+
+    def bundle() -> str | None:
+        stored = json.loads(
+            plane.kubectl("get", "mutatingwebhookconfiguration", name, "-o", "json").stdout
+        )
+        value: str | None = stored["webhooks"][0]["clientConfig"].get("caBundle")
+        return value
+
+    try:
+        plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(without))
+        plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(with_bundle))
+        assert bundle() == with_bundle["webhooks"][0]["clientConfig"]["caBundle"]
+        plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(without))
+        assert bundle() is None
+    finally:
+        plane.kubectl("delete", "mutatingwebhookconfiguration", name, "--ignore-not-found")
