@@ -108,7 +108,8 @@ def gas_containers() -> list[GasContainer]:
         for doc in yaml.safe_load_all(path.read_text()):
             if not isinstance(doc, dict) or path.name == "kustomization.yaml":
                 continue
-            name = f"{path.relative_to(ROOT)} {doc.get('kind')}/{doc['metadata']['name']}"
+            metadata = doc.get("metadata") or {}
+            name = f"{path.relative_to(ROOT)} {doc.get('kind')}/{metadata.get('name')}"
             for where, pod in _pod_specs(doc.get("spec"), name):
                 for container in pod["containers"]:
                     if re.fullmatch(r"(.*/)?gas(:[^/]*)?(@.*)?", container.get("image", "")):
