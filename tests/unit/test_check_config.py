@@ -964,3 +964,20 @@ def test_an_ip_urlprefix_without_server_name_needs_that_ip_in_the_certificate(
     config = profile()
     assert "serverName" not in config["extenders"][0]["tlsConfig"]
     assert lint_profile(capsys, tmp_path, config).lines == ["OK"]
+
+
+def test_the_tls_files_must_be_in_kube_schedulers_container(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    where = f"{tmp_path}/scheduler-config.yaml:data[config.yaml].extenders[0].tlsConfig"
+    config = profile()
+    config["extenders"][0]["tlsConfig"]["caFile"] = "/etc/gas/ca.crt"
+    result = lint_profile(capsys, tmp_path, config, deployment())
+    result.only("ERROR", f"{where}.caFile", "/etc/gas/ca.crt", "no volume is mounted at /etc/gas")
+    # A file the mounted Secret's items leave out.
+    config = profile()
+    config["extenders"][0]["tlsConfig"]["keyFile"] = "/etc/kubernetes/gas/tls.key"
+    result = lint_profile(capsys, tmp_path, config, deployment())
+    result.only("ERROR", f"{where}.keyFile", "holds only ca.crt, client.crt, client.key")
+    # Without the Deployment nothing is known of the mounts.
+    assert lint_profile(capsys, tmp_path, config).lines == ["OK"]

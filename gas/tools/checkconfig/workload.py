@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 from gas.core.model import RESOURCE_PREFIX
@@ -32,6 +32,15 @@ WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet")
 
 
 @dataclass(frozen=True)
+class Mount:
+    """A folder of kube-scheduler's container: the files it holds, when the manifest says
+    (a Secret's or ConfigMap's `items`), else None."""
+
+    path: str
+    files: frozenset[str] | None
+
+
+@dataclass(frozen=True)
 class Workload:
     """What a Deployment given alongside says about the pods that run the scheduler."""
 
@@ -39,13 +48,15 @@ class Workload:
     replicas: int
     # gas serve's flags: the Lease it follows (None: gas runs without --schedulerLease),
     # the namespace it reads it in, and where it listens.
-    gas: bool
-    scheduler_lease: str | None
-    lease_namespace: str | None
-    gas_host: str | None
-    gas_port: int
+    gas: bool = False
+    scheduler_lease: str | None = None
+    lease_namespace: str | None = None
+    gas_host: str | None = None
+    gas_port: int = GAS_PORT
     # gas webhook's --schedulerName, if the pod runs the webhook.
-    webhook_scheduler: str | None
+    webhook_scheduler: str | None = None
+    # kube-scheduler's folders, if the pod runs it.
+    scheduler_mounts: tuple[Mount, ...] | None = None
 
 
 def second_scheduler(doc: LocatedMap) -> bool:
@@ -67,23 +78,25 @@ def find_workload(documents: list[LocatedMap]) -> Workload | None:
         containers = pod.get("containers")
         if not isinstance(containers, list):
             continue
-        found = _from_containers([c for c in containers if isinstance(c, dict)])
-        if found is None:
-            continue
-        gas, lease, lease_ns, host, port, webhook = found
         metadata = _map(doc.get("metadata"))
         namespace = metadata.get("namespace")
         replicas = spec.get("replicas", 1)
-        return Workload(
+        workload = Workload(
             name=f"{doc.get('kind')} {metadata.get('name')}",
             replicas=replicas if isinstance(replicas, int) else 1,
-            gas=gas,
-            scheduler_lease=lease,
-            lease_namespace=lease_ns or (namespace if isinstance(namespace, str) else None),
-            gas_host=host,
-            gas_port=port,
-            webhook_scheduler=webhook,
+            lease_namespace=namespace if isinstance(namespace, str) else None,
         )
+        volumes = pod.get("volumes")
+        by_name = {
+            str(v.get("name")): v
+            for v in (volumes if isinstance(volumes, list) else [])
+            if isinstance(v, dict)
+        }
+        for container in containers:
+            if isinstance(container, dict):
+                workload = _read_container(workload, container, by_name)
+        if workload.gas or workload.webhook_scheduler is not None:
+            return workload
     return None
 
 
@@ -91,35 +104,52 @@ def _map(value: object) -> dict[str, object]:
     return value if isinstance(value, dict) else {}
 
 
-def _from_containers(
-    containers: list[dict[str, object]],
-) -> tuple[bool, str | None, str | None, str | None, int, str | None] | None:
-    gas = False
-    lease: str | None = None
-    lease_ns: str | None = None
-    host: str | None = None
-    port = GAS_PORT
-    webhook: str | None = None
-    for container in containers:
-        given = container.get("args")
-        args = (
-            [str(a) for a in given if isinstance(a, (str, int))] if isinstance(given, list) else []
-        )
-        if not args:
-            continue
+def _strings(value: object) -> list[str]:
+    return [str(v) for v in value if isinstance(v, (str, int))] if isinstance(value, list) else []
+
+
+def _read_container(
+    workload: Workload, container: dict[str, object], volumes: dict[str, dict[str, object]]
+) -> Workload:
+    """``workload`` with what one container tells: gas's or the webhook's flags, or
+    kube-scheduler's folders."""
+    args = _strings(container.get("args"))
+    command = _strings(container.get("command"))
+    if args and args[0] == "serve":
         flags = _flags(args[1:])
-        if args[0] == "serve":
-            gas = True
-            lease = flags.get("schedulerLease") or None
-            lease_ns = flags.get("leaderElectNamespace") or None
-            host = flags.get("host")
-            with contextlib.suppress(ValueError):
-                port = int(flags.get("port", GAS_PORT))
-        elif args[0] == "webhook":
-            webhook = flags.get("schedulerName", WEBHOOK_SCHEDULER)
-    if not gas and webhook is None:
-        return None
-    return gas, lease, lease_ns, host, port, webhook
+        port = GAS_PORT
+        with contextlib.suppress(ValueError):
+            port = int(flags.get("port", GAS_PORT))
+        return replace(
+            workload,
+            gas=True,
+            scheduler_lease=flags.get("schedulerLease") or None,
+            lease_namespace=flags.get("leaderElectNamespace") or workload.lease_namespace,
+            gas_host=flags.get("host"),
+            gas_port=port,
+        )
+    if args and args[0] == "webhook":
+        scheduler = _flags(args[1:]).get("schedulerName", WEBHOOK_SCHEDULER)
+        return replace(workload, webhook_scheduler=scheduler)
+    image = str(container.get("image", ""))
+    if "kube-scheduler" in image or (command and command[0].endswith("kube-scheduler")):
+        mounts = container.get("volumeMounts")
+        found = [
+            _mount(m, volumes.get(str(m.get("name"))) or {})
+            for m in (mounts if isinstance(mounts, list) else [])
+            if isinstance(m, dict) and isinstance(m.get("mountPath"), str)
+        ]
+        return replace(workload, scheduler_mounts=tuple(found))
+    return workload
+
+
+def _mount(mount: dict[str, object], volume: dict[str, object]) -> Mount:
+    path = str(mount["mountPath"]).rstrip("/")
+    source = _map(volume.get("secret")) or _map(volume.get("configMap"))
+    items = source.get("items")
+    if mount.get("subPath") or not isinstance(items, list):
+        return Mount(path, None)
+    return Mount(path, frozenset(str(i.get("path")) for i in items if isinstance(i, dict)))
 
 
 def _flags(args: list[str]) -> dict[str, str]:
@@ -148,6 +178,8 @@ def check_second_scheduler(checker: Checker, doc: LocatedMap, workload: Workload
     _leader_election(checker, doc, workload)
     for index, entry in _gas_entries(doc):
         _loopback(checker, entry, join_path("extenders", index), workload)
+        if workload is not None and workload.scheduler_mounts is not None:
+            _mounted(checker, entry, join_path("extenders", index), workload)
 
 
 def check_default_profile_url(checker: Checker, doc: LocatedMap) -> None:
@@ -332,3 +364,32 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _mounted(checker: Checker, entry: LocatedMap, path: str, workload: Workload) -> None:
+    """The TLS files the extender entry names are in kube-scheduler's container."""
+    config = entry.get("tlsConfig")
+    if not isinstance(config, LocatedMap):
+        return
+    mounts = workload.scheduler_mounts or ()
+    for key in ("caFile", "certFile", "keyFile"):
+        file = config.get(key)
+        if not isinstance(file, str) or not file:
+            continue
+        # The deepest mount the file is under is the one the container sees it through.
+        under = sorted(
+            (m for m in mounts if file.startswith(m.path + "/")), key=lambda m: -len(m.path)
+        )
+        if not under:
+            problem = f"no volume is mounted at {file.rpartition('/')[0] or '/'}"
+        elif under[0].files is not None and file[len(under[0].path) + 1 :] not in under[0].files:
+            held = ", ".join(sorted(under[0].files))
+            problem = f"the volume mounted at {under[0].path} holds only {held}"
+        else:
+            continue
+        checker.error(
+            join_path(join_path(path, "tlsConfig"), key),
+            f"kube-scheduler in {workload.name} cannot read {file}: {problem}, so it cannot "
+            "call gas",
+            line_of(config, key),
+        )
