@@ -6,8 +6,9 @@ That form has rules of its own. The webhook sends GPU pods to one scheduler name
 profile must carry. Exactly one gas may bind: gas (`--schedulerLease`) answers only while
 the kube-scheduler of its own pod holds the Lease, so the scheduler must elect a leader on
 that Lease, must not take the default scheduler's, and must call the gas of its own pod
-(loopback). When the Deployment is given alongside, its containers' flags are read and the
-configuration is held to them; otherwise to the defaults of deploy/any-cluster.
+(loopback). When the Deployment is given alongside, its containers' flags and
+kube-scheduler's mounted files are read and the configuration is held to them; otherwise to
+the defaults of deploy/any-cluster.
 """
 
 from __future__ import annotations
