@@ -514,6 +514,43 @@ def test_server_context_policy(pki: PKI) -> None:
     assert mtls.verify_mode == ssl.CERT_REQUIRED
 
 
+def _session_after_handshake(server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext) -> Any:
+    """The client's session once the server has answered a byte (TLS 1.3 tickets come
+    after the handshake, before the answer)."""
+    server_end, client_end = socket.socketpair()
+    for end in (server_end, client_end):
+        end.settimeout(5)
+
+    def serve_one() -> None:
+        with server_ctx.wrap_socket(server_end, server_side=True) as conn:
+            conn.sendall(conn.recv(1))
+
+    thread = threading.Thread(target=serve_one, daemon=True)
+    thread.start()
+    try:
+        with client_ctx.wrap_socket(client_end, server_hostname="localhost") as conn:
+            conn.sendall(b"x")
+            assert conn.recv(1) == b"x"
+            return conn.session
+    finally:
+        thread.join(5)
+        server_end.close()
+        client_end.close()
+
+
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3])
+def test_server_issues_no_session_tickets(pki: PKI, version: ssl.TLSVersion) -> None:
+    # No client of the extender resumes a session; a ticket would only cost the handshake.
+    client = client_context(pki.ca, pki.client, maximum=version)
+    client.minimum_version = version
+    stock = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    stock.load_cert_chain(pki.server_ec.cert, pki.server_ec.key)
+    assert _session_after_handshake(stock, client).has_ticket
+    mtls = tls.server_ssl_context(pki.server_ec.cert, pki.server_ec.key, pki.ca)
+    session = _session_after_handshake(mtls, client)
+    assert session is None or not session.has_ticket
+
+
 def test_server_context_errors_name_the_file(pki: PKI, tmp_path: Path) -> None:
     cert, key = pki.server_ec.cert, pki.server_ec.key
     missing = str(tmp_path / "missing.crt")
