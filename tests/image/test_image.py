@@ -14,8 +14,12 @@ import requests
 
 from gas import __version__
 from tests.image.conftest import EXTENDER, NODE_AGENT, Engine
+from tests.support.apiserver import ApiServerDouble
 from tests.support.fakesysfs import GIB, FakeCard, write_sysfs
 from tests.support.gasproc import free_port, make_tls_files
+from tests.support.kubelet import KubeletDouble
+from tests.support.nodeproc import short_dir
+from tests.support.objects import gpu_node
 from tests.support.polling import wait_for
 
 # The first test to ask for the image builds it (about 4 minutes on a cold cache, under one
@@ -214,3 +218,55 @@ def test_image_holds_no_compilers_caches_or_test_tools(engine: Engine, image: st
 def test_image_size(engine: Engine, image: str) -> None:
     size = int(engine("image", "inspect", "--format", "{{.Size}}", image).stdout)
     assert size < MAX_IMAGE_BYTES, f"{image} is {size / 1000**2:.0f} MB"
+
+
+def test_node_agent_registers_with_the_kubelet_from_the_image(
+    engine: Engine, image: str, apiserver: ApiServerDouble, tmp_path: Path
+) -> None:
+    """`gas node` in the image as the DaemonSet runs it (root without capabilities, read-only
+    root, the kubelet's device-plugins folder mounted read-write and its pod-resources folder
+    read-only): it creates its socket beside the kubelet's, registers both resources and
+    labels the node. A kubelet double on this machine, the API-server double behind it."""
+    node = "image-node"
+    apiserver.add_node(gpu_node(node, "", i915="0", xe="0"))
+    # Unix socket paths must be short.
+    root = short_dir("gas-image-")
+    sysfs = _fake_sysfs(root)
+    kubelet = KubeletDouble(apiserver, node, root / "k").start()
+    try:
+        kubeconfig = root / "kubeconfig"
+        apiserver.write_kubeconfig(kubeconfig)
+        kubeconfig.chmod(0o644)
+        options = (
+            *NODE_AGENT,
+            # The API-server double listens on this machine's loopback.
+            "--network=host",
+            f"--volume={kubelet.plugin_dir}:/var/lib/kubelet/device-plugins",
+            f"--volume={kubelet.pod_resources_socket.parent}:/var/lib/kubelet/pod-resources:ro",
+            f"--volume={sysfs}:/sys:ro",
+            f"--volume={kubeconfig}:/etc/gas/kubeconfig:ro",
+        )
+        args = [
+            "node",
+            "--numa",
+            f"--node-name={node}",
+            "--kubeconfig=/etc/gas/kubeconfig",
+            "--sysfs-root=/sys",
+            "--metrics-port=0",
+        ]
+        with engine.started(image, args, options) as name:
+            try:
+                kubelet.wait_registered("gpu.intel.com/i915", 10, timeout=60)
+                kubelet.wait_registered("gpu.intel.com/xe", 10, timeout=30)
+            except TimeoutError:
+                pytest.fail(f"gas node in the container did not register:\n{engine.logs(name)}")
+
+            def labelled() -> bool:
+                found = apiserver.get_node(node) or {}
+                labels = found.get("metadata", {}).get("labels", {})
+                return bool(labels.get("gpu.intel.com/gpu-numbers") == "0.1")
+
+            wait_for(labelled, timeout=30, what="the node's gpu-numbers label")
+    finally:
+        kubelet.stop()
+        shutil.rmtree(root, ignore_errors=True)
