@@ -144,10 +144,14 @@ def test_cards_found_in_a_sysfs_tree_mounted_where_the_node_agent_has_it(
     host's."""
     sysfs = _fake_sysfs(tmp_path)
     options = (*NODE_AGENT, "--network=none", f"--volume={sysfs}:/sys:ro")
+    # Discovery as `gas node` sets it up from its own flags (it has no listing of its own).
     program = (
-        "import json; from gas.node.discovery import discover_sysfs; "
-        "print(json.dumps([[c.name, c.driver, c.render_node, c.tiles, c.memory, c.numa_node, "
-        "c.pci_address] for c in discover_sysfs('/sys')]))"
+        "import json\n"
+        "from gas.cli import build_parser\n"
+        "from gas.node.discovery import discoverer\n"
+        "args = build_parser().parse_args(['node', '--sysfs-root=/sys'])\n"
+        "print(json.dumps([[c.name, c.driver, c.render_node, c.tiles, c.memory, c.numa_node,"
+        " c.pci_address] for c in discoverer(args)()]))\n"
     )
     found = engine.run(image, ["-c", program], (*options, "--entrypoint=python"))
     assert json.loads(found.stdout) == [
