@@ -9,10 +9,10 @@
 # Two ways to the same image (docs/image.md):
 # - registry: `build .` with the Dockerfile, on python:3.11-slim from a registry.
 # - local: no registry needed. A Debian bookworm root filesystem made by mmdebstrap (python3,
-#   libudev1, ca-certificates; no apt, no pip, no documentation), gas and its dependencies
-#   installed from wheels built on this machine into the virtualenv /opt/gas, configured as
-#   the Dockerfile's image is (user 10001, entry point gas, command serve). It needs only the
-#   Debian mirror and PyPI, and runs nothing inside a container.
+#   libudev1, libstdc++6, ca-certificates; no apt, no pip, no documentation), gas and its
+#   dependencies installed from wheels built on this machine into the virtualenv /opt/gas,
+#   configured as the Dockerfile's image is (user 10001, entry point gas, command serve).
+#   It needs only the Debian mirror and PyPI, and runs nothing inside a container.
 # `auto` (the default) takes the registry way when python:3.11-slim is in the store or can
 # be pulled, the local way otherwise.
 #
