@@ -195,8 +195,8 @@ def test_a_soak_has_time_for_its_size() -> None:
 
 
 def test_a_small_soak_outlasts_a_tiny_base_timeout() -> None:
-    """Started with a 3 s per-test timeout, a soak of 150 operations (about 5 s of work,
-    plus starting gas) still runs to the end: its own timeout follows its size."""
+    """Started with a 5 s per-test timeout, a soak of 300 operations (about 10 s of work,
+    plus starting gas) still runs to the end: its own timeout follows its size (35 s)."""
     done = subprocess.run(
         [
             sys.executable,
@@ -205,8 +205,8 @@ def test_a_small_soak_outlasts_a_tiny_base_timeout() -> None:
             "-q",
             "-p",
             "no:cacheprovider",
-            "--timeout=3",
-            "--soak=150",
+            "--timeout=5",
+            "--soak=300",
             f"{__file__}::test_soak",
         ],
         capture_output=True,
