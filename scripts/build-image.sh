@@ -190,6 +190,11 @@ else
     "$PYTHON" -m venv "$pip_env"
   fi
   pip=("$pip_env/bin/python" -m pip --disable-pip-version-check)
+  # From a copy of what the Dockerfile copies: setuptools leaves build/ beside setup.py, whose
+  # stale modules would go into the wheel, and no __pycache__ comes along.
+  mkdir "$work/src"
+  cp setup.py README.md "$work/src/"
+  tar -cf - --exclude=__pycache__ gas | tar -xf - -C "$work/src"
 
   # Dependencies from PyPI, kept per setup.py and host Python (its tags pick the wheels);
   # gas's own wheel is made afresh each time.
@@ -199,11 +204,11 @@ else
   if [ "$refresh" = 1 ] || [ ! -f "$deps/.complete" ]; then
     say "building the dependencies' wheels ($deps)"
     rm -rf "$deps"
-    "${pip[@]}" wheel --quiet --wheel-dir "$deps" '.[labeler,node]'
+    "${pip[@]}" wheel --quiet --wheel-dir "$deps" "$work/src[labeler,node]"
     rm -f "$deps"/gas-*.whl
     touch "$deps/.complete"
   fi
-  "${pip[@]}" wheel --quiet --no-deps --wheel-dir "$work/gas" .
+  "${pip[@]}" wheel --quiet --no-deps --wheel-dir "$work/gas" "$work/src"
 
   # ------------------------------------------------------------------------- /opt/gas
   venv="$work/context/opt/gas"
