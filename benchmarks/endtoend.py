@@ -1,8 +1,11 @@
 """Scheduling throughput as users see it: the real kube-scheduler, alone and with gas.
 
     .venv/bin/python -m benchmarks.endtoend                # 1,000 nodes, 1,000 pods, 2 rounds each
-    .venv/bin/python -m benchmarks.endtoend --quick        # a smoke size (about a minute)
+    .venv/bin/python -m benchmarks.endtoend --quick        # a smoke size (seconds)
     .venv/bin/python -m benchmarks.endtoend --nodes 1000 --pods 400 --rounds 3 --json f.json
+    .venv/bin/python -m benchmarks.endtoend --noPrioritize  # and gas without prioritize
+    .venv/bin/python -m benchmarks.endtoend --baseline DIR  # and gas from the tree DIR
+    .venv/bin/python -m benchmarks.endtoend --profile DIR   # py-spy stacks of gas, per burst
 
 A real control plane (etcd, kube-apiserver v1.28, `tests/support/realk8s.py`) holds N fake
 GPU nodes of 4 to 8 cards (the labels and allocatable resources gas reads) and running pods
@@ -17,7 +20,9 @@ noisy machine weighs on both alike.
 Per round: pods bound per second (from the first create to the last bind), create -> bound
 latency p50/p99, gas's CPU time per bound pod split by thread (from
 /proc/<worker>/task/*/stat; the names from `py-spy dump` when py-spy is on PATH, else the
-main thread apart from the rest), kube-scheduler's CPU per pod, and the cards: with gas,
+main thread apart from the rest), gas's requests per pod by verb (its metrics) and the
+connections kube-scheduler opened to it (a lower bound, sampled from /proc/net/tcp),
+kube-scheduler's and kube-apiserver's CPU per pod, and the cards: with gas,
 every bound pod's cards against capacity (gas.tools.audit.check_invariants); alone, the
 pods that no card could hold (first fit on the cards left, in bind order), which the
 scheduler cannot see. Prints Markdown tables; never fails on time.
