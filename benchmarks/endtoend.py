@@ -41,6 +41,7 @@ import shutil
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -59,6 +60,7 @@ from benchmarks.workload import (
     MEMORY,
     MILLICORES,
     SHAPES,
+    Cluster,
     Shape,
     make_cluster,
     pick_shape,
@@ -781,53 +783,10 @@ def summary_table(figures: dict[str, float]) -> list[str]:
 # ---------------------------------------------------------------- main
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="benchmarks.endtoend", description=__doc__.split("\n")[0])
-    parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--pods", type=int, default=1000, help="pods in each round's burst")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of each setup")
-    parser.add_argument(
-        "--occupancy", type=float, default=0.5, help="share of GPU memory held before a burst"
-    )
-    parser.add_argument(
-        "--settle", type=float, default=10.0, help="seconds without a bind that end a round"
-    )
-    parser.add_argument("--only", choices=("alone", "gas"), help="run one setup only")
-    parser.add_argument(
-        "--noPrioritize",
-        action="store_true",
-        help="also run gas registered without its prioritize verb (first fit scores 0)",
-    )
-    parser.add_argument(
-        "--baseline",
-        help="also run gas from this source tree (e.g. a `git archive` of an earlier commit), "
-        "alternated with this one's",
-    )
-    parser.add_argument("--gasArgs", default="", help="extra `gas serve` flags (one string)")
-    parser.add_argument(
-        "--profile", help="directory for py-spy stacks of gas over each burst (py-spy on PATH)"
-    )
-    parser.add_argument("--keep", help="working directory to keep (logs), else a temporary one")
-    parser.add_argument("--quick", action="store_true", help="smoke size: 20 nodes, 30 pods")
-    parser.add_argument("--json", help="write the figures to this file")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.nodes, args.pods, args.rounds, args.settle = 20, 30, 1, 5.0
-    reason = realk8s.missing()
-    if reason is not None:
-        print(f"skipped: {reason}")
-        if args.json:
-            Path(args.json).write_text(json.dumps({"skipped": reason}))
-        return 0
-
-    workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="gas-e2e-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    cluster = make_cluster(args.nodes, args.occupancy)
-    modes = [args.only] if args.only else ["alone", "gas"]
-    if args.baseline:
-        modes.append("baseline")
-    if args.noPrioritize:
-        modes.append("no-prioritize")
+def run_rounds(
+    args: argparse.Namespace, cluster: Cluster, modes: Sequence[str], workdir: Path
+) -> list[Round]:
+    """The plane with `cluster`, then `args.rounds` rounds of each of `modes` in turn."""
     rounds: list[Round] = []
     plane = realk8s.ControlPlane(
         workdir,
@@ -881,6 +840,62 @@ def main(argv: Sequence[str] | None = None) -> int:
                     + (f", >= {result.connections} connections" if result.connections else ""),
                     flush=True,
                 )
+    return rounds
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="benchmarks.endtoend", description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--pods", type=int, default=1000, help="pods in each round's burst")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of each setup")
+    parser.add_argument(
+        "--occupancy", type=float, default=0.5, help="share of GPU memory held before a burst"
+    )
+    parser.add_argument(
+        "--settle", type=float, default=10.0, help="seconds without a bind that end a round"
+    )
+    parser.add_argument("--only", choices=("alone", "gas"), help="run one setup only")
+    parser.add_argument(
+        "--noPrioritize",
+        action="store_true",
+        help="also run gas registered without its prioritize verb (first fit scores 0)",
+    )
+    parser.add_argument(
+        "--baseline",
+        help="also run gas from this source tree (e.g. a `git archive` of an earlier commit), "
+        "alternated with this one's",
+    )
+    parser.add_argument("--gasArgs", default="", help="extra `gas serve` flags (one string)")
+    parser.add_argument(
+        "--profile", help="directory for py-spy stacks of gas over each burst (py-spy on PATH)"
+    )
+    parser.add_argument("--keep", help="working directory to keep (logs), else a temporary one")
+    parser.add_argument("--quick", action="store_true", help="smoke size: 20 nodes, 30 pods")
+    parser.add_argument("--json", help="write the figures to this file")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.nodes, args.pods, args.rounds, args.settle = 20, 30, 1, 5.0
+    reason = realk8s.missing()
+    if reason is not None:
+        print(f"skipped: {reason}")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"skipped": reason}))
+        return 0
+
+    workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="gas-e2e-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    cluster = make_cluster(args.nodes, args.occupancy)
+    modes = [args.only] if args.only else ["alone", "gas"]
+    if args.baseline:
+        modes.append("baseline")
+    if args.noPrioritize:
+        modes.append("no-prioritize")
+    try:
+        rounds = run_rounds(args, cluster, modes, workdir)
+    except BaseException:
+        shutil.rmtree(workdir / "etcd", ignore_errors=True)
+        print(f"failed; the processes' logs are in {workdir}", file=sys.stderr)
+        raise
     figures = summary(rounds)
     print()
     print("\n".join(rounds_table(rounds)))
@@ -889,7 +904,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in rounds:
         for problem in r.over_commit[:10]:
             print(f"{r.name}: {problem}")
-    print(f"\nlogs: {workdir}")
+    if args.keep:
+        print(f"\nlogs: {workdir}")
     if args.json:
         record = {
             "nodes": args.nodes,
