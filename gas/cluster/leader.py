@@ -118,6 +118,17 @@ class Elector:
         """`is_leader()`: the election's thread keeps it current."""
         return self.is_leader()
 
+    def why_not(self) -> str:
+        """Why this replica does not lead now ("" when it does), from the last reading."""
+        if self.is_leader():
+            return ""
+        if self._stop.is_set():
+            return "gas is stopping"
+        observed = self._observed
+        if observed is not None and observed.holder not in ("", self.identity):
+            return f"replica {observed.holder} holds the Lease"
+        return "this replica has not acquired the Lease yet"
+
     @property
     def identity(self) -> str:
         return self.config.identity
@@ -378,6 +389,9 @@ class Leadership(Protocol):
         """Whether a verb that has just arrived may be answered; may ask the API server
         first when `is_leader()` says no."""
 
+    def why_not(self) -> str:
+        """Why it may not answer now ("" when it may), for the operator (no I/O)."""
+
     def start(self) -> None: ...
 
     def stop(self) -> None: ...
@@ -410,6 +424,17 @@ class LeaderGatedCluster:
         # The cluster first: leadership may cost a Lease read, which an unsynced replica
         # has no use for.
         return bool(self._cluster.synced() and self.elector.may_answer())
+
+    def inactive(self) -> str:
+        """Why this replica, synced, does not answer the verbs now: "" when it answers them
+        or is not synced (the caller says that itself). No I/O: called after `synced()`
+        has just asked."""
+        if not self._cluster.synced() or self.elector.is_leader():
+            return ""
+        return (
+            "gas is synced but this replica does not answer the scheduler now: "
+            f"{self.elector.why_not()}"
+        )
 
     def ready(self) -> bool:
         if self._ready_when_following:

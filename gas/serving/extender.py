@@ -237,7 +237,8 @@ class _Face:
     def readyz(self) -> Response:
         if self._ready():
             return _json({"status": "ready"})
-        return _json({"status": "not synced with the cluster"}, 503)
+        # A --leaderElect follower is synced but not ready: it says why.
+        return _json({"status": self._extender.inactive() or "not synced with the cluster"}, 503)
 
     def ledger(self) -> Response:
         return _json(self._ledger.snapshot())

@@ -88,10 +88,6 @@ class Reply:
     outcome: Outcome
 
 
-def _not_synced() -> Reply:
-    return Reply(wire.error_result(NOT_SYNCED_MESSAGE), Outcome(NOT_SYNCED))
-
-
 class Extender:
     """The four verbs over one ledger and cluster. Thread-safe: the ledger holds its own
     lock, and bind does its API write outside it."""
@@ -106,12 +102,25 @@ class Extender:
     def synced(self) -> bool:
         return self._cluster.synced()
 
+    def inactive(self) -> str:
+        """Why a synced gas refuses the verbs ("" when it is not synced, or has no replicas):
+        a --leaderElect follower, or a --schedulerLease gas whose kube-scheduler does not
+        lead. Such a replica must not say it is not synced."""
+        inactive = getattr(self._cluster, "inactive", None)
+        why: str = inactive() if callable(inactive) else ""
+        return why
+
+    def _unavailable(self) -> Reply:
+        message = self.inactive() or NOT_SYNCED_MESSAGE
+        return Reply(wire.error_result(message), Outcome(NOT_SYNCED))
+
     def filter(self, args: ExtenderArgs) -> Reply:
         """ExtenderFilterResult: every node given either passes or is listed with a short,
         stable reason. Remembers the pod for its bind; reserves nothing."""
         names, pod = args.names, args.pod
         if not self._cluster.synced():
-            body = wire.filter_result([], {}, {}, args.nodes, "gas is not synced")
+            why = self.inactive() or "gas is not synced"
+            body = wire.filter_result([], {}, {}, args.nodes, why)
             return Reply(body, Outcome(NOT_SYNCED))
         judged: Judgement
         try:
@@ -153,7 +162,7 @@ class Extender:
         """HostPriorityList for the nodes given: `gas.core.scoring` explains the scores. Nodes
         the pod does not fit on, and pods that cannot be read, get 0. Reserves nothing."""
         if not self._cluster.synced():
-            return _not_synced()
+            return self._unavailable()
         names = args.names
         scores = dict.fromkeys(names, 0)
         fitting = 0
@@ -196,7 +205,7 @@ class Extender:
         added and which nodes are dropped. A pod whose GPU asks cannot be read fits
         nowhere. Reserves nothing."""
         if not self._cluster.synced():
-            return _not_synced()
+            return self._unavailable()
         proposals = args.proposals
         results: dict[str, preemption.Selection | Rejection]
         try:
@@ -247,7 +256,7 @@ class Extender:
         (outside the lock) and the reservation committed; on any failure the reservation
         is released, or kept while the write's outcome is unknown, and `Error` says why."""
         if not self._cluster.synced():
-            return _not_synced()
+            return self._unavailable()
         pod_ref: Mapping[str, Any] = {
             "metadata": {
                 "name": args.pod_name,

@@ -282,7 +282,13 @@ def test_a_graceful_release_hands_over_at_the_next_verb(
         p1 = apiserver.add_pod(gpu_pod("p1"))
         p2 = apiserver.add_pod(gpu_pod("p2"))
         wait_for(lambda: _bind(a, p1, "n1").status == 200, timeout=15, what="a answering")
-        assert _bind(b, p2, "n1").status == 503
+        refused = _bind(b, p2, "n1")
+        # Synced but not the scheduler's gas: it says so, never that it is not synced.
+        assert refused.status == 503
+        assert refused.error.startswith(
+            "gas is synced but this replica does not answer the scheduler now: "
+            f"the Lease is held by {lease.holder}, not by this pod (sched-b)"
+        ), refused.error
         # A scheduler calls its gas only once it leads; this test's call above was made
         # before, so the reading it caused must be older than the verbs' interval.
         time.sleep(RECHECK_INTERVAL)

@@ -384,6 +384,21 @@ def test_one_replica_leads_and_the_follower_takes_over_with_its_warm_ledger(
     assert "gas_leader 0.0" in follower.session.get(follower.url + "/metrics", timeout=5).text
     # The follower's ledger follows the watch.
     wait_for(lambda: "p1" in str(ledger_of(follower)["pods"]), what="p1 in the follower")
+    # Synced now, it says why it still refuses: another replica leads (once its election
+    # has read the Lease: until then, that it has not acquired it).
+    refusal = "gas is synced but this replica does not answer the scheduler now: "
+    holds = f"{refusal}replica {lease['spec']['holderIdentity']} holds the Lease"
+
+    def refused() -> str:
+        answer = _bind(follower, apiserver, "p2", "n1")
+        assert answer.status_code == 503
+        error = str(answer.json()["Error"])
+        assert error in (holds, f"{refusal}this replica has not acquired the Lease yet")
+        return error
+
+    wait_for(lambda: refused() == holds, timeout=5, what="the follower naming the leader")
+    readyz = follower.session.get(follower.url + "/readyz", timeout=5)
+    assert (readyz.status_code, readyz.json()) == (503, {"status": holds})
 
     leader.kill(signal.SIGKILL)
     killed = time.monotonic()

@@ -15,12 +15,14 @@ from typing import Any
 import pytest
 
 from gas.cluster.demo import DemoCluster, load_demo_file
+from gas.cluster.leader import ElectionConfig, Elector, LeaderGatedCluster, LeaseRecord
 from gas.core.allocator import Policy
 from gas.core.ledger import Ledger, State
 from gas.core.model import ANNOTATION_CARDS, I915
 from gas.core.preemption import Victim
 from gas.serving.service import Extender, Options
 from gas.serving.wire import BindingArgs, ExtenderArgs, PreemptionArgs
+from tests.support.leases import Clock, FakeStore
 
 MEM = "gpu.intel.com/memory.max"
 NODES = ["demo-1card", "demo-2cards", "demo-4cards", "demo-cpu-only"]
@@ -164,6 +166,45 @@ def test_verbs_answer_not_synced_before_the_cluster_is() -> None:
     for reply in replies[1:]:
         assert reply.body == {"Error": "gas is not synced with the cluster yet"}
     assert cold.ledger.holdings() == {} and cold.cluster.events == []
+
+
+def test_a_synced_replica_that_does_not_lead_says_so_not_that_it_is_not_synced() -> None:
+    ledger = Ledger()
+    demo = DemoCluster(ledger, load_demo_file(None))
+    demo.start()
+    store = FakeStore()
+    store.lease = LeaseRecord(holder="gas-b", duration_seconds=15, renew_time="t0")
+    elector = Elector(store, ElectionConfig(identity="gas-a"), clock=Clock())
+    extender = Extender(ledger, LeaderGatedCluster(demo, elector))
+    p = pod("waiting")
+    args = names_args(p)
+    before = [
+        extender.filter(args).body["Error"],
+        extender.prioritize(args).body["Error"],
+        extender.bind(bind_args(p, "demo-1card")).body["Error"],
+    ]
+    assert (
+        before
+        == [
+            "gas is synced but this replica does not answer the scheduler now: "
+            "this replica has not acquired the Lease yet"
+        ]
+        * 3
+    )
+    assert not elector.step()  # reads the Lease: gas-b holds it
+    replies = [
+        extender.filter(args),
+        extender.prioritize(args),
+        extender.preempt(PreemptionArgs(p, "uid-waiting", 0, {"demo-1card": []}, {})),
+        extender.bind(bind_args(p, "demo-1card")),
+    ]
+    assert [r.outcome.label for r in replies] == ["not_synced"] * 4
+    assert [r.body["Error"] for r in replies] == [
+        "gas is synced but this replica does not answer the scheduler now: "
+        "replica gas-b holds the Lease"
+    ] * 4
+    assert replies[0].body["NodeNames"] == [] and replies[0].body["FailedNodes"] == {}
+    assert "uid-waiting" not in ledger.holdings()
 
 
 # ---------------------------------------------------------------- bind

@@ -407,6 +407,13 @@ def test_the_gate_answers_verbs_by_the_lease_and_readiness_by_the_sync(
     scheduler.renew("sched-b_u2")
     clock.advance(15.1)
     assert gated.ready() and not gated.synced()
+    # Synced but not answering: the verbs' 503 says why, not "not synced".
+    assert gated.inactive() == (
+        "gas is synced but this replica does not answer the scheduler now: "
+        "the Lease is held by sched-b_u2, not by this pod (sched-a)"
+    )
+    inner.sync = False
+    assert gated.inactive() == ""  # the caller says "not synced" itself
 
 
 def test_stop_stops_answering(world: tuple[FakeStore, Clock, Scheduler]) -> None:
