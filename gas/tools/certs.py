@@ -30,6 +30,13 @@ NODE_CERT_DIR = "/etc/kubernetes/gas"
 CLIENT_COMMON_NAME = "kube-scheduler"
 CA_COMMON_NAME = "gas CA"
 WEBHOOK_SECRET = "gas-webhook-tls"
+GAS_SECRET = "gas-tls"
+ANY_CLUSTER_DIR = "deploy/any-cluster"
+KUBEADM_WEBHOOK_DIR = "deploy/kubeadm-webhook"
+# The keys of Secret gas-tls each way's manifests mount: in the any-cluster way the
+# kube-scheduler container of gas's pod also reads its client certificate from it.
+KUBEADM_GAS_TLS = ("tls.crt", "tls.key", "ca.crt")
+ANY_CLUSTER_GAS_TLS = (*KUBEADM_GAS_TLS, "client.crt", "client.key")
 WEBHOOK_CONFIGURATION_FILE = "webhook-configuration.yaml"
 FILE_NAMES = (
     "ca.crt",
@@ -309,35 +316,75 @@ def _webhook_configuration_yaml(plan: Plan, ca_pem: bytes) -> str:
 def _report(plan: Plan, written: list[tuple[str, str]]) -> None:
     for path, what in written:
         print(f"wrote {path}  ({what})")
-    q = {name: shlex.quote(plan.path(name)) for name in FILE_NAMES}
     print()
-    print("Next steps:")
-    print("1. Give gas its certificate (the Secret gas-tls that gas's Deployment mounts):")
-    print(
-        "   kubectl -n gas-system create secret generic gas-tls "
-        f"--from-file={q['tls.crt']} --from-file={q['tls.key']} --from-file={q['ca.crt']}"
+    print("Next steps: one way per cluster, never both (README.md, Deploying).")
+    if not plan.validating_webhook:
+        print()
+        _report_any_cluster(plan)
+    print()
+    _report_kubeadm(plan)
+
+
+def _gas_tls_command(plan: Plan, names: tuple[str, ...]) -> str:
+    files = " ".join(f"--from-file={shlex.quote(plan.path(name))}" for name in names)
+    return f"   kubectl -n gas-system create secret generic {GAS_SECRET} {files}"
+
+
+def _webhook_secret_command(plan: Plan) -> str:
+    q = {name: shlex.quote(plan.path(name)) for name in ("webhook.crt", "webhook.key")}
+    return (
+        f"   kubectl -n {shlex.quote(plan.webhook_namespace)} create secret tls {WEBHOOK_SECRET} "
+        f"--cert={q['webhook.crt']} --key={q['webhook.key']}"
     )
+
+
+def _report_any_cluster(plan: Plan) -> None:
+    print(f"Any cluster ({ANY_CLUSTER_DIR}: no control-plane node is edited):")
+    print(
+        f"1. The Secret {GAS_SECRET}: gas's certificate, and kube-scheduler's client "
+        "certificate for its container in the same pod:"
+    )
+    print(_gas_tls_command(plan, ANY_CLUSTER_GAS_TLS))
+    print(f"2. The admission webhook's Secret {WEBHOOK_SECRET}:")
+    print(_webhook_secret_command(plan))
+    print("3. The scheduler, gas and the webhook (Deployment gas-scheduler):")
+    print(f"   kubectl apply -k {ANY_CLUSTER_DIR}")
+    print("   kubectl -n gas-system rollout status deployment/gas-scheduler")
+    print(
+        "4. Once it is Ready, register the webhook with its caBundle (until it answers, "
+        "GPU pods are refused: failurePolicy Fail):"
+    )
+    print(f"   kubectl apply -f {shlex.quote(plan.path(WEBHOOK_CONFIGURATION_FILE))}")
+
+
+def _report_kubeadm(plan: Plan) -> None:
+    q = {name: shlex.quote(plan.path(name)) for name in FILE_NAMES}
+    print("kubeadm (deploy/: gas as the default scheduler's extender):")
+    print(f"1. The Secret {GAS_SECRET} that gas's Deployment mounts, then gas:")
+    print(_gas_tls_command(plan, KUBEADM_GAS_TLS))
+    print("   kubectl apply -k deploy/")
     print(
         f"2. Copy ca.crt, client.crt and client.key to {NODE_CERT_DIR}/ on every "
-        "control-plane node (the paths in extender-configuration/scheduler-config.yaml):"
+        "control-plane node (the paths in extender-configuration/scheduler-config.yaml), "
+        "then run sudo ./scripts/configure-scheduler.sh there:"
     )
     print(f"   sudo install -d -m 0700 {NODE_CERT_DIR}")
     print(f"   sudo install -m 0644 {q['ca.crt']} {q['client.crt']} {NODE_CERT_DIR}/")
     print(f"   sudo install -m 0600 {q['client.key']} {NODE_CERT_DIR}/")
-    namespace = shlex.quote(plan.webhook_namespace)
-    print(
-        "3. Give the admission webhook its certificate (the Secret "
-        f"{WEBHOOK_SECRET} its Deployment mounts):"
-    )
-    print(
-        f"   kubectl -n {namespace} create secret tls {WEBHOOK_SECRET} "
-        f"--cert={q['webhook.crt']} --key={q['webhook.key']}"
-    )
-    print(
-        "4. Once the webhook runs, register it (until it answers, GPU pods are refused: "
-        "failurePolicy Fail):"
-    )
-    print(f"   kubectl apply -f {q[WEBHOOK_CONFIGURATION_FILE]}")
+    if plan.validating_webhook:
+        print(
+            f"3. Optional, the validating webhook ({KUBEADM_WEBHOOK_DIR}): its Secret "
+            f"{WEBHOOK_SECRET}, then, once it is Ready, its configuration with its caBundle:"
+        )
+        print(_webhook_secret_command(plan))
+        print(f"   kubectl apply -k {KUBEADM_WEBHOOK_DIR}")
+        print(f"   kubectl apply -f {q[WEBHOOK_CONFIGURATION_FILE]}")
+    else:
+        print(
+            f"3. Optional, the validating webhook ({KUBEADM_WEBHOOK_DIR}): its configuration "
+            f"comes from gas certs --validatingWebhook ({WEBHOOK_CONFIGURATION_FILE} here "
+            "is the any-cluster way's)."
+        )
     if SCHEDULER_SERVER_NAME not in plan.dns_names:
         print(
             f"Note: the server certificate does not name {SCHEDULER_SERVER_NAME}; set "

@@ -133,26 +133,78 @@ def test_openssl_verifies_the_chain_and_purposes(generated: Path) -> None:
     assert verify("sslserver", "client.crt").returncode != 0
 
 
-def test_prints_the_files_and_the_follow_up_commands(
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _secret_keys(manifest: Path, secret: str) -> set[str]:
+    """The keys of Secret `secret` the manifest's pods use: a volume's items, or, where
+    the whole Secret is mounted, the files under its mount that containers' args name."""
+    keys: set[str] = set()
+    for doc in yaml.safe_load_all(manifest.read_text()):
+        if not doc or doc.get("kind") != "Deployment":
+            continue
+        pod = doc["spec"]["template"]["spec"]
+        for volume in pod.get("volumes", []):
+            source = volume.get("secret") or {}
+            if source.get("secretName") != secret:
+                continue
+            if "items" in source:
+                keys |= {item["key"] for item in source["items"]}
+                continue
+            for c in pod["containers"]:
+                for mount in c.get("volumeMounts", []):
+                    if mount["name"] == volume["name"]:
+                        prefix = mount["mountPath"].rstrip("/") + "/"
+                        values = (a.split("=", 1)[-1] for a in c.get("args", []))
+                        keys |= {v[len(prefix) :] for v in values if v.startswith(prefix)}
+    return keys
+
+
+def _way(out: str, title: str) -> str:
+    """The printed steps of one way of installing."""
+    part = out.split(f"\n{title} (", 1)[1]
+    return part.split("\n\n", 1)[0]
+
+
+def _from_files(step: str, secret: str) -> set[str]:
+    (line,) = [x for x in step.splitlines() if f"create secret generic {secret} " in x]
+    return {Path(w.removeprefix("--from-file=")).name for w in line.split() if "=" in w}
+
+
+def test_prints_each_ways_follow_up_commands_as_its_manifests_mount_the_files(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    status, out, err = run_certs(capsys, "--out", str(tmp_path / "pki"))
+    pki = tmp_path / "pki"
+    status, out, err = run_certs(capsys, "--out", str(pki))
     assert status == 0 and err == ""
     for name in FILE_NAMES:
-        assert f"wrote {tmp_path / 'pki' / name}" in out
+        assert f"wrote {pki / name}" in out
+    any_cluster, kubeadm = _way(out, "Any cluster"), _way(out, "kubeadm")
+    # The any-cluster pod's kube-scheduler reads client.crt and client.key from gas-tls too.
+    any_cluster_keys = _secret_keys(REPO / "deploy" / "any-cluster" / "deployment.yaml", "gas-tls")
+    assert any_cluster_keys == {"tls.crt", "tls.key", "ca.crt", "client.crt", "client.key"}
+    assert _from_files(any_cluster, "gas-tls") == any_cluster_keys
+    kubeadm_keys = _secret_keys(REPO / "deploy" / "deployment.yaml", "gas-tls")
+    assert _from_files(kubeadm, "gas-tls") == kubeadm_keys == {"tls.crt", "tls.key", "ca.crt"}
     assert (
         "kubectl -n gas-system create secret generic gas-tls "
-        f"--from-file={tmp_path / 'pki' / 'tls.crt'} --from-file={tmp_path / 'pki' / 'tls.key'} "
-        f"--from-file={tmp_path / 'pki' / 'ca.crt'}"
-    ) in out
-    assert "/etc/kubernetes/gas/" in out
-    # The paths the shipped scheduler configuration reads.
-    config = (
-        Path(__file__).resolve().parents[2] / "extender-configuration" / "scheduler-config.yaml"
-    )
+        f"--from-file={pki / 'tls.crt'} --from-file={pki / 'tls.key'} "
+        f"--from-file={pki / 'ca.crt'}\n"
+    ) in kubeadm
+    assert "kubectl apply -k deploy/any-cluster\n" in any_cluster
+    assert "kubectl -n gas-system rollout status deployment/gas-scheduler" in any_cluster
+    assert "kubectl apply -k deploy/\n" in kubeadm
+    # The webhook with its caBundle: the any-cluster way's, applied after its pods.
+    apply_configuration = f"kubectl apply -f {pki / 'webhook-configuration.yaml'}"
+    assert any_cluster.index("apply -k deploy/any-cluster") < any_cluster.index(apply_configuration)
+    assert apply_configuration not in kubeadm and "gas-webhook-tls" not in kubeadm
+    assert "gas certs --validatingWebhook" in kubeadm
+    # The paths the shipped scheduler configuration reads, on the control-plane nodes.
+    config = (REPO / "extender-configuration" / "scheduler-config.yaml").read_text()
     for name in ("ca.crt", "client.crt", "client.key"):
-        assert f"/etc/kubernetes/gas/{name}" in config.read_text()
-        assert str(tmp_path / "pki" / name) in out.split("2.", 1)[1]
+        assert f"/etc/kubernetes/gas/{name}" in config
+        assert str(pki / name) in kubeadm.split("2.", 1)[1]
+    assert "/etc/kubernetes/gas" not in any_cluster
 
 
 def test_custom_names_days_and_rsa(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -425,6 +477,14 @@ def test_validating_webhook_configuration_for_kubeadm_installs(
     assert written == webhook_configuration(ca_pem, validate_only=True)
     assert written["kind"] == "ValidatingWebhookConfiguration"
     assert "reinvocationPolicy" not in written["webhooks"][0]
+    # Its configuration is the kubeadm way's alone: no any-cluster steps to apply it with.
+    assert "\nAny cluster (" not in out
+    kubeadm = _way(out, "kubeadm")
+    assert "kubectl apply -k deploy/kubeadm-webhook\n" in kubeadm
+    assert kubeadm.index("apply -k deploy/kubeadm-webhook") < kubeadm.index(
+        f"kubectl apply -f {tmp_path / 'webhook-configuration.yaml'}"
+    )
+    assert f"create secret tls gas-webhook-tls --cert={tmp_path / 'webhook.crt'}" in kubeadm
 
 
 @pytest.mark.parametrize(
