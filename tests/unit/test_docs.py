@@ -65,3 +65,69 @@ def test_the_check_sees_a_broken_link(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text("# Title\n[ok](#title) [bad](#nowhere) [gone](missing.md)\n")
     assert _broken(page) == ["#nowhere", "missing.md"]
+
+
+# A repository path in code spans or commands: deploy/..., scripts/..., docs/...,
+# extender-configuration/..., benchmarks/... (a trailing `/` names a folder).
+REPO_PATH = re.compile(
+    r"(?<![\w./-])((?:deploy|scripts|docs|extender-configuration|benchmarks|tests|gas)"
+    r"(?:/[\w.-]+)*/?)"
+)
+ANY_CLUSTER_GAS_TLS = {"tls.crt", "tls.key", "ca.crt", "client.crt", "client.key"}
+KUBEADM_GAS_TLS = {"tls.crt", "tls.key", "ca.crt"}
+
+
+def _repo_paths(text: str) -> set[str]:
+    spans = re.findall(r"`([^`\n]+)`", text) + FENCE.findall(text)
+    found = {m for span in spans for m in REPO_PATH.findall(span)}
+    # Paths with a placeholder (DIR/...) or a glob are not files to find.
+    return {p for p in found if "/" in p.rstrip("/") and not re.search(r"[<>*]", p)}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_repository_path_named_exists(page: Path) -> None:
+    """A file that moved (deploy/node-daemonset.yaml went to deploy/base/) leaves no
+    instruction pointing at its old place."""
+    missing = sorted(p for p in _repo_paths(page.read_text()) if not (ROOT / p).exists())
+    assert missing == []
+
+
+def test_the_check_sees_a_moved_file() -> None:
+    assert _repo_paths("apply `deploy/node-daemonset.yaml` or `deploy/base/`") == {
+        "deploy/node-daemonset.yaml",
+        "deploy/base/",
+    }
+    assert not (ROOT / "deploy/node-daemonset.yaml").exists()
+
+
+def _secret_files(block: str, secret: str) -> set[str]:
+    command = re.search(rf"create secret generic {secret} (.*)", block)
+    assert command is not None, f"no Secret {secret} created"
+    return {Path(f).name for f in re.findall(r"--from-file=(\S+)", command.group(1))}
+
+
+def test_the_readme_creates_each_ways_secrets_as_its_manifests_mount_them() -> None:
+    """The Deploying section's commands, each way's: gas-tls holds what that way's pods
+    read from it (kube-scheduler's client certificate too in the any-cluster pod), the
+    webhook's Secret is the one its containers mount, and what they apply exists."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Deploying\n", 1)[1].split("\n## ", 1)[0]
+    section = re.sub(r"\\\n\s*", "", section)  # one line per command
+    any_cluster = section.split("**Any cluster**", 1)[1].split("**kubeadm**", 1)[0]
+    kubeadm = section.split("**kubeadm**", 1)[1].split("**A GPU pod**", 1)[0]
+    assert _secret_files(any_cluster, "gas-tls") == ANY_CLUSTER_GAS_TLS
+    assert _secret_files(kubeadm, "gas-tls") == KUBEADM_GAS_TLS
+    deployment = (ROOT / "deploy/any-cluster/deployment.yaml").read_text()
+    for key in ANY_CLUSTER_GAS_TLS:
+        assert f"{{key: {key}, path: {key}}}" in deployment
+    assert "secret tls gas-webhook-tls --cert=./gas-certs/webhook.crt" in any_cluster
+    assert "secretName: gas-webhook-tls" in deployment
+    assert "kubectl apply -k deploy/any-cluster\n" in any_cluster
+    assert "rollout status deployment/gas-scheduler" in any_cluster
+    assert "name: gas-scheduler\n" in deployment
+    assert "kubectl apply -k deploy/\n" in kubeadm
+    # The files gas certs writes, in the folder the commands read.
+    from gas.tools.certs import FILE_NAMES
+
+    named = set(re.findall(r"\./gas-certs/([\w.-]+)", section))
+    assert named <= set(FILE_NAMES) and "gas certs --out ./gas-certs" in section
