@@ -32,7 +32,7 @@ from gas.cluster.protocol import Cluster
 from gas.core.ledger import Ledger
 from gas.serving import routes, wire
 from gas.serving.metrics import Metrics
-from gas.serving.service import NOT_SYNCED, Extender, Options, Reply
+from gas.serving.service import INACTIVE, NOT_SYNCED, Extender, Options, Reply
 from gas.serving.wire import BadRequest
 
 if TYPE_CHECKING:
@@ -202,7 +202,7 @@ class _Face:
             _child(self._verdicts, self._metrics.preempt_nodes, verdict).inc(count)
         if line is not None:
             decisions.info(line)
-        status = 503 if outcome.label == NOT_SYNCED else 200
+        status = 503 if outcome.label in (NOT_SYNCED, INACTIVE) else 200
         return status, body, outcome.label
 
     def count_verb(self, verb: str, status: int, outcome: str, started: float) -> None:

@@ -47,6 +47,9 @@ NO_POD = "no_pod"
 API_REFUSED = "api_refused"
 UNCERTAIN = "uncertain"
 NOT_SYNCED = "not_synced"
+# Synced, but not the replica that answers: a --leaderElect follower, or a --schedulerLease
+# gas whose pod's kube-scheduler does not lead.
+INACTIVE = "inactive"
 
 NOT_SYNCED_MESSAGE = "gas is not synced with the cluster yet"
 
@@ -111,17 +114,19 @@ class Extender:
         return why
 
     def _unavailable(self) -> Reply:
-        message = self.inactive() or NOT_SYNCED_MESSAGE
-        return Reply(wire.error_result(message), Outcome(NOT_SYNCED))
+        why = self.inactive()
+        if why:
+            return Reply(wire.error_result(why), Outcome(INACTIVE))
+        return Reply(wire.error_result(NOT_SYNCED_MESSAGE), Outcome(NOT_SYNCED))
 
     def filter(self, args: ExtenderArgs) -> Reply:
         """ExtenderFilterResult: every node given either passes or is listed with a short,
         stable reason. Remembers the pod for its bind; reserves nothing."""
         names, pod = args.names, args.pod
         if not self._cluster.synced():
-            why = self.inactive() or "gas is not synced"
-            body = wire.filter_result([], {}, {}, args.nodes, why)
-            return Reply(body, Outcome(NOT_SYNCED))
+            why = self.inactive()
+            body = wire.filter_result([], {}, {}, args.nodes, why or "gas is not synced")
+            return Reply(body, Outcome(INACTIVE if why else NOT_SYNCED))
         judged: Judgement
         try:
             ask = pod_request(pod)

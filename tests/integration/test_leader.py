@@ -399,6 +399,8 @@ def test_one_replica_leads_and_the_follower_takes_over_with_its_warm_ledger(
     wait_for(lambda: refused() == holds, timeout=5, what="the follower naming the leader")
     readyz = follower.session.get(follower.url + "/readyz", timeout=5)
     assert (readyz.status_code, readyz.json()) == (503, {"status": holds})
+    metrics = follower.session.get(follower.url + "/metrics", timeout=5).text
+    assert 'gas_requests_total{outcome="inactive",verb="bind"}' in metrics
 
     leader.kill(signal.SIGKILL)
     killed = time.monotonic()

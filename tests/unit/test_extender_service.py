@@ -198,7 +198,7 @@ def test_a_synced_replica_that_does_not_lead_says_so_not_that_it_is_not_synced()
         extender.preempt(PreemptionArgs(p, "uid-waiting", 0, {"demo-1card": []}, {})),
         extender.bind(bind_args(p, "demo-1card")),
     ]
-    assert [r.outcome.label for r in replies] == ["not_synced"] * 4
+    assert [r.outcome.label for r in replies] == ["inactive"] * 4
     assert [r.body["Error"] for r in replies] == [
         "gas is synced but this replica does not answer the scheduler now: "
         "replica gas-b holds the Lease"
