@@ -36,6 +36,9 @@ setup(
         "pyyaml>=6.0",
         "prometheus-client>=0.20",
         "numpy>=2.0",
+        # gas/serving/http2.py: HTTP/2's framing, HPACK and flow control (pure Python);
+        # its H2Connection API as 4 has it.
+        "h2>=4.1,<5",
     ],
     extras_require={
         "labeler": ["pyudev>=0.24"],

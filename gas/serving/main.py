@@ -125,6 +125,9 @@ def run(args: argparse.Namespace, version: str) -> int:
         unsafe=args.unsafe,
         threads=args.threads,
         keepalive=KEEPALIVE_SECONDS,
+        # kube-scheduler's client then carries every call on one connection instead of
+        # a new mutual-TLS handshake every few pods; clients not offering h2 keep HTTP/1.1.
+        http2=True,
         on_worker_exit=worker.stop,
     )
     server.serve(worker.build_app, settings)

@@ -28,6 +28,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -39,8 +40,8 @@ from gunicorn.workers.gthread import (  # type: ignore[import-untyped]
     ThreadWorker,
 )
 
-from gas.serving import direct, routes
-from gas.serving.tls import TLS12_CIPHERS, TLSConfigError, server_ssl_context
+from gas.serving import direct, http2, routes
+from gas.serving.tls import ALPN_PROTOCOLS, TLS12_CIPHERS, TLSConfigError, server_ssl_context
 
 if TYPE_CHECKING:
     import flask
@@ -83,7 +84,9 @@ class _ReloadingContext:
         keyfile: str,
         cafile: str | None,
         handshake_timeout: float | None,
+        alpn_protocols: tuple[str, ...] = ALPN_PROTOCOLS,
     ) -> None:
+        self._alpn_protocols = alpn_protocols
         self._certfile = certfile
         self._keyfile = keyfile
         self._cafile = cafile
@@ -103,6 +106,7 @@ class _ReloadingContext:
             self._keyfile,
             self._cafile,
             handshake_timeout=self._handshake_timeout,
+            alpn_protocols=self._alpn_protocols,
         )
 
     def __call__(
@@ -353,6 +357,8 @@ class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
         self._queued = 0  # connections handed to the pool, not yet taken by a thread
         self._queued_lock = threading.Lock()
+        self._http2_pool: ThreadPoolExecutor | None = None
+        self._http2_lock = threading.Lock()
 
     def enqueue_req(self, conn: Any) -> None:
         with self._queued_lock:
@@ -430,11 +436,25 @@ class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
         conn.sock.sendall(direct.frame(*answer, keep_alive=keep))
         return keep
 
+    def _serve_http2(self, conn: Any) -> bool:
+        """Serves the HTTP/2 connection `conn` in this thread until it ends: False, for the
+        worker to close it. Its streams are answered on a pool of their own: one must
+        never wait for a thread that a connection's reader holds."""
+        with self._http2_lock:
+            if self._http2_pool is None:
+                self._http2_pool = ThreadPoolExecutor(self.cfg.threads, "gas-http2")
+        http2.serve_worker_connection(self, conn, self._http2_pool)
+        return False
+
     def _handle_one(self, conn: Any) -> Any:
+        if conn.is_http2:
+            return self._serve_http2(conn)
         if not conn.is_http2:
             try:
                 ready = self._collect_request(conn)
-                if ready is True and not conn.is_http2:
+                if ready is True and conn.is_http2:
+                    return self._serve_http2(conn)
+                if ready is True:
                     answered = self._answer_direct(conn)
                     if answered is not None:
                         return answered
@@ -463,7 +483,7 @@ class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
             if not conn.wait_for_data(DEFAULT_WORKER_DATA_TIMEOUT):
                 return _DEFER
             conn.sock.setblocking(True)
-            conn.init()  # TLS handshake, bounded by the context's handshake timeout
+            http2.init_connection(conn, self.cfg)
             if conn.is_http2:
                 return True
         unreader = conn.parser.unreader
@@ -596,6 +616,7 @@ class ServerSettings:
     ``max_request_header_bytes``: limit for each header line and the request line.
     ``handshake_timeout``: a client that does not finish the TLS handshake in time is
     dropped, so that stalled handshakes cannot tie up the worker's threads.
+    ``http2``: offer HTTP/2 through ALPN (`gas.serving.http2`); HTTP/1.1 is always served.
     ``on_worker_exit``: called in the worker after it stopped serving, to stop background
     threads started by the app factory (non-daemon threads would otherwise keep the worker
     alive until the master kills it at ``graceful_timeout``).
@@ -615,6 +636,7 @@ class ServerSettings:
     handshake_timeout: float | None = 10.0
     access_log: bool = False
     log_level: str = "info"
+    http2: bool = False
     on_worker_exit: Callable[[], None] | None = None
 
 
@@ -682,7 +704,8 @@ def _tls_options(settings: ServerSettings) -> dict[str, Any]:
         )
     # Built here, in the calling process, so that a bad file fails before gunicorn starts
     # (gunicorn would only log it and exit); the worker inherits this context.
-    hook = _ReloadingContext(certfile, keyfile, cafile, settings.handshake_timeout)
+    alpn = ("h2", *ALPN_PROTOCOLS) if settings.http2 else ALPN_PROTOCOLS
+    hook = _ReloadingContext(certfile, keyfile, cafile, settings.handshake_timeout, alpn)
     return {
         # gunicorn decides "is this HTTPS" from certfile/keyfile and checks that they
         # exist; the context itself comes from the hook.

@@ -58,8 +58,9 @@ log = logging.getLogger(__name__)
 # keeps TLS 1.3 suites separately and they are all AEAD, so this string does not touch them.
 TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL:!PSK:!DSS"
 
-# HTTP/1.1 only: the serving stack (gunicorn without the h2 package) does not speak h2, and
-# Go clients, kube-scheduler included, fall back to HTTP/1.1 when the server does not pick h2.
+# What a context offers unless told otherwise: HTTP/1.1. `gas serve` adds h2 in front
+# (gas.serving.http2); Go clients, kube-scheduler included, use HTTP/1.1 when h2 is not
+# offered.
 ALPN_PROTOCOLS: tuple[str, ...] = ("http/1.1",)
 
 KeyType = Literal["ec", "rsa"]

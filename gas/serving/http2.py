@@ -1,0 +1,436 @@
+"""HTTP/2 on a TLS connection that chose it through ALPN: every call of kube-scheduler's
+extender client on one connection.
+
+Go's HTTP client keeps two idle HTTP/1.1 connections per host; with binds in flight next
+to filters, kube-scheduler opens further ones and drops them, a new mutual-TLS handshake
+for about every third pod. Over HTTP/2 it multiplexes every call on a single connection.
+
+One thread (the worker's, which took the connection) reads the connection for its life and
+runs the protocol (the `h2` package); each stream's whole request is answered on a thread
+pool, so a bind waiting on the API server does not hold up a filter. A POST the app takes
+as `routes.DIRECT_POST` goes there, as over HTTP/1.1; every other request goes through the
+app's WSGI side with an environ built here. Every use of the TLS socket and of the
+protocol's state is under one lock per connection (OpenSSL's connection object is not for
+two threads at once); a reply larger than the peer's flow-control window is sent on as the
+peer opens it.
+
+Limits: MAX_STREAMS concurrent streams (a client going past it loses the connection, as
+the protocol lets the server decide); a body over the app's limit is answered 413 (by the
+app, as over HTTP/1.1) as soon as it is known, and the rest of it dropped; header lists
+over the worker's header limit end the connection. An idle connection is closed after the
+keep-alive time, and on shutdown GOAWAY tells the client which streams were taken; those
+are answered before the connection closes.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import select
+import ssl
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote_to_bytes
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+import hyperframe.frame
+from gunicorn import http as gunicorn_http  # type: ignore[import-untyped]
+from gunicorn import sock as gunicorn_sock
+
+from gas.serving import direct
+
+__all__ = [
+    "MAX_STREAMS",
+    "Settings",
+    "init_connection",
+    "serve_connection",
+    "serve_worker_connection",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_STREAMS = 64
+"""Streams a client may have open at once: kube-scheduler has one call per pod in its
+cycle and a bind per pod in flight, far fewer."""
+_WINDOW = 1 << 20
+"""The flow-control window granted to the client: a request body is not held up waiting
+for window updates."""
+_POLL = 0.5
+"""How often a quiet connection checks whether the worker stops or the connection idled."""
+_WRITE_TIMEOUT = 30.0
+_HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"}
+)
+
+Answer = tuple[str, list[tuple[str, str]], bytes]
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a connection is served with: the app (`wsgi`), its direct POSTs (None: none),
+    the app's body limit (None: none), the header list limit, the pool streams are
+    answered on, the keep-alive time, and whether the worker still serves."""
+
+    wsgi: WSGIApp
+    direct_post: direct.DirectPost | None
+    body_limit: int | None
+    header_limit: int
+    pool: Executor
+    keepalive: float
+    alive: Callable[[], bool]
+    server: tuple[str, int]
+
+
+@dataclass
+class _Stream:
+    stream_id: int
+    headers: list[tuple[bytes, bytes]]
+    body: io.BytesIO = field(default_factory=io.BytesIO)
+    declared: int | None = None
+    dispatched: bool = False
+    ended: bool = False
+    """The client sent the whole request."""
+    reset: bool = False
+    pending: bytes = b""
+    """Reply bytes waiting for the peer's flow-control window."""
+
+
+class _Connection:
+    def __init__(self, sock: ssl.SSLSocket, client: Any, settings: Settings) -> None:
+        self.sock = sock
+        self.client = client
+        self.settings = settings
+        self.lock = threading.Lock()
+        self.h2 = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=False, header_encoding=None)
+        )
+        self.streams: dict[int, _Stream] = {}
+        self.in_flight = 0
+        self.last_taken = 0
+        self.closing = False
+
+    # All under self.lock.
+
+    def _flush(self) -> None:
+        data = self.h2.data_to_send()
+        if data:
+            self.sock.settimeout(_WRITE_TIMEOUT)
+            try:
+                self.sock.sendall(data)
+            finally:
+                self.sock.setblocking(False)
+
+    def _push(self, stream: _Stream) -> None:
+        """Sends what the window allows of the stream's waiting reply, the end with it."""
+        while stream.pending:
+            window = min(
+                self.h2.local_flow_control_window(stream.stream_id),
+                self.h2.max_outbound_frame_size,
+            )
+            if window <= 0:
+                return
+            chunk, stream.pending = stream.pending[:window], stream.pending[window:]
+            self.h2.send_data(stream.stream_id, chunk, end_stream=not stream.pending)
+        self._done(stream)
+
+    def _done(self, stream: _Stream) -> None:
+        self.streams.pop(stream.stream_id, None)
+        if not stream.ended:
+            # Answered before the whole body came (413): the client is to stop sending.
+            self.h2.reset_stream(stream.stream_id, h2.errors.ErrorCodes.NO_ERROR)
+
+    # The reader.
+
+    def serve(self) -> None:
+        settings = self.settings
+        self.h2.local_settings = h2.settings.Settings(
+            client=False,
+            initial_values={
+                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: _WINDOW,
+                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: settings.header_limit,
+            },
+        )
+        with self.lock:
+            self.h2.initiate_connection()
+            self.h2.increment_flow_control_window(_WINDOW)
+            self._flush()
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLIN)
+        quiet_since = time.monotonic()
+        while True:
+            if not self.sock.pending() and not poller.poll(_POLL * 1000):
+                if self._should_close(quiet_since):
+                    return
+                continue
+            with self.lock:
+                try:
+                    data = self.sock.recv(65536)
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    continue
+                if not data:
+                    return
+                quiet_since = time.monotonic()
+                try:
+                    events = self.h2.receive_data(data)
+                except h2.exceptions.ProtocolError as exc:
+                    log.info("HTTP/2 protocol error from %s: %s", self.client, exc)
+                    self._flush()  # the GOAWAY h2 queued
+                    return
+                ended = self._handle(events)
+                self._flush()
+            if ended:
+                return
+
+    def _should_close(self, quiet_since: float) -> bool:
+        """Whether to end the quiet connection: the worker stops, or it idled out."""
+        stopping = not self.settings.alive()
+        idle = time.monotonic() - quiet_since > self.settings.keepalive
+        with self.lock:
+            if not (stopping or (idle and self.in_flight == 0)):
+                return False
+            if not self.closing:
+                self.closing = True
+                # Written past h2, whose state machine sends nothing more after its own
+                # GOAWAY: the streams taken are still to be answered.
+                self._flush()
+                goaway = hyperframe.frame.GoAwayFrame(0)
+                goaway.last_stream_id = self.last_taken
+                self.sock.settimeout(_WRITE_TIMEOUT)
+                try:
+                    self.sock.sendall(goaway.serialize())
+                finally:
+                    self.sock.setblocking(False)
+            return self.in_flight == 0
+
+    def _handle(self, events: list[h2.events.Event]) -> bool:
+        """Acts on the protocol's events: whether the connection ended."""
+        for event in events:
+            if isinstance(event, h2.events.RequestReceived):
+                self._received(event)
+            elif isinstance(event, h2.events.DataReceived):
+                self._data(event)
+            elif isinstance(event, h2.events.StreamEnded):
+                stream = self.streams.get(event.stream_id)
+                if stream is not None:
+                    stream.ended = True
+                    if not stream.dispatched:
+                        self._dispatch(stream)
+            elif isinstance(event, h2.events.StreamReset):
+                stream = self.streams.pop(event.stream_id, None)
+                if stream is not None:
+                    stream.reset = True
+            elif isinstance(event, h2.events.WindowUpdated):
+                targets = (
+                    list(self.streams.values())
+                    if event.stream_id == 0
+                    else [s for s in (self.streams.get(event.stream_id),) if s is not None]
+                )
+                for stream in targets:
+                    if stream.pending:
+                        self._push(stream)
+            elif isinstance(event, h2.events.ConnectionTerminated):
+                return True
+        return False
+
+    def _received(self, event: h2.events.RequestReceived) -> None:
+        headers = [(bytes(k), bytes(v)) for k, v in event.headers or ()]
+        stream = _Stream(event.stream_id, headers)
+        for name, value in headers:
+            if name == b"content-length" and value.isdigit():
+                stream.declared = int(value)
+        self.streams[event.stream_id] = stream
+        self.last_taken = max(self.last_taken, event.stream_id)
+        limit = self.settings.body_limit
+        if self.closing:
+            self.h2.reset_stream(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            self.streams.pop(event.stream_id)
+        elif limit is not None and stream.declared is not None and stream.declared > limit:
+            self._dispatch(stream)  # the app refuses it unread, as over HTTP/1.1
+
+    def _data(self, event: h2.events.DataReceived) -> None:
+        # The window is given back at once: the limit below bounds what a stream holds.
+        self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        stream = self.streams.get(event.stream_id)
+        if stream is None or stream.dispatched:
+            return
+        stream.body.write(event.data or b"")
+        limit = self.settings.body_limit
+        if limit is not None and stream.body.tell() > limit:
+            self._dispatch(stream)
+
+    def _dispatch(self, stream: _Stream) -> None:
+        stream.dispatched = True
+        self.in_flight += 1
+        self.settings.pool.submit(self._answer, stream)
+
+    # The pool's threads.
+
+    def _answer(self, stream: _Stream) -> None:
+        try:
+            try:
+                status, headers, body = self._reply(stream)
+            except Exception:
+                log.exception("HTTP/2 request on stream %d failed", stream.stream_id)
+                status, headers, body = "500 INTERNAL SERVER ERROR", [], b""
+            self._send(stream, status, headers, body)
+        except (OSError, h2.exceptions.ProtocolError) as exc:
+            # The peer reset the stream or the connection is gone: nothing to answer.
+            log.debug("HTTP/2 stream %d not answered: %s", stream.stream_id, exc)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def _send(
+        self, stream: _Stream, status: str, headers: list[tuple[str, str]], body: bytes
+    ) -> None:
+        head = [(b":status", status[:3].encode("ascii"))]
+        head.extend(
+            (name.lower().encode("latin-1"), value.encode("latin-1"))
+            for name, value in headers
+            if name.lower() not in _HOP_BY_HOP
+        )
+        with self.lock:
+            if stream.reset:
+                return
+            if not body:
+                self.h2.send_headers(stream.stream_id, head, end_stream=True)
+                self._done(stream)
+            else:
+                self.h2.send_headers(stream.stream_id, head)
+                stream.pending = body
+                self._push(stream)
+            self._flush()
+
+    def _reply(self, stream: _Stream) -> Answer:
+        pseudo = {k: v for k, v in stream.headers if k.startswith(b":")}
+        method = pseudo.get(b":method", b"").decode("latin-1")
+        path = pseudo.get(b":path", b"").decode("latin-1")
+        body = stream.body.getvalue()
+        limit = self.settings.body_limit
+        whole = limit is None or (len(body) <= limit and (stream.declared or 0) <= limit)
+        post = self.settings.direct_post
+        if post is not None and method == "POST" and whole:
+            answer = post(path, body)
+            if answer is not None:
+                return answer
+        return self._wsgi(stream, method, path, body)
+
+    def _wsgi(self, stream: _Stream, method: str, path: str, body: bytes) -> Answer:
+        raw_path, _, query = path.partition("?")
+        environ: dict[str, Any] = {
+            "REQUEST_METHOD": method,
+            "SCRIPT_NAME": "",
+            "PATH_INFO": unquote_to_bytes(raw_path).decode("latin-1"),
+            "QUERY_STRING": query,
+            "RAW_URI": path,
+            "SERVER_NAME": self.settings.server[0],
+            "SERVER_PORT": str(self.settings.server[1]),
+            "SERVER_PROTOCOL": "HTTP/2",
+            "REMOTE_ADDR": str(self.client[0]) if isinstance(self.client, tuple) else "",
+            "REMOTE_PORT": str(self.client[1]) if isinstance(self.client, tuple) else "",
+            "wsgi.version": (1, 0),
+            "wsgi.url_scheme": "https",
+            "wsgi.input": io.BytesIO(body),
+            "wsgi.input_terminated": True,
+            "wsgi.errors": sys.stderr,
+            "wsgi.multithread": True,
+            "wsgi.multiprocess": False,
+            "wsgi.run_once": False,
+        }
+        length = stream.declared if stream.declared is not None else len(body)
+        environ["CONTENT_LENGTH"] = str(length)
+        for name, value in stream.headers:
+            if name.startswith(b":"):
+                if name == b":authority":
+                    environ["HTTP_HOST"] = value.decode("latin-1")
+                continue
+            text = value.decode("latin-1")
+            if name == b"content-type":
+                environ["CONTENT_TYPE"] = text
+            elif name != b"content-length":
+                key = "HTTP_" + name.decode("latin-1").upper().replace("-", "_")
+                joiner = "; " if name == b"cookie" else ","
+                environ[key] = f"{environ[key]}{joiner}{text}" if key in environ else text
+        started: list[Any] = []
+
+        def start_response(
+            status: str, headers: list[tuple[str, str]], exc_info: Any = None
+        ) -> Any:
+            started[:] = [status, headers]
+            return lambda data: None
+
+        chunks = self.settings.wsgi(environ, start_response)
+        try:
+            data = b"".join(chunks)
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+        status, headers = started
+        if method == "HEAD":
+            data = b""
+        return status, list(headers), data
+
+
+def serve_connection(sock: ssl.SSLSocket, client: Any, settings: Settings) -> None:
+    """Serves the HTTP/2 connection `sock` (its TLS handshake done, h2 chosen) until it
+    ends, the client is quiet past the keep-alive time, or the worker stops; returns
+    with every taken stream answered, the socket left for the caller to close."""
+    sock.setblocking(False)
+    connection = _Connection(sock, client, settings)
+    try:
+        connection.serve()
+    except (OSError, ssl.SSLError) as exc:
+        log.debug("HTTP/2 connection from %s ended: %s", client, exc)
+    finally:
+        # Streams still being answered write to a closed socket and stop there.
+        deadline = time.monotonic() + _WRITE_TIMEOUT
+        while connection.in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+def init_connection(conn: Any, cfg: Any) -> None:
+    """gthread's `conn.init()` (gunicorn's connection `conn`, its configuration `cfg`),
+    except that a TLS connection that chose h2 is marked `is_http2` without a parser, for
+    `serve_worker_connection`, rather than given to gunicorn's HTTP/2, which answers a
+    connection's streams one after another."""
+    if not cfg.is_ssl:
+        conn.init()
+        return
+    conn.initialized = True
+    # The TLS handshake, bounded by the context's handshake timeout.
+    conn.sock = gunicorn_sock.ssl_wrap_socket(conn.sock, cfg)
+    if conn.sock.selected_alpn_protocol() == "h2":
+        conn.is_http2 = True
+        return
+    conn.parser = gunicorn_http.get_parser(cfg, conn.sock, conn.client)
+
+
+def serve_worker_connection(worker: Any, conn: Any, pool: Executor) -> None:
+    """`serve_connection` for gas's gunicorn worker `worker` (`gas.serving.server`) and its
+    connection `conn`, with the worker's app, direct POSTs and limits."""
+    config = getattr(worker.wsgi, "config", {})
+    address = conn.server if isinstance(conn.server, tuple) else ("", 0)
+    settings = Settings(
+        wsgi=worker.wsgi,
+        direct_post=worker._direct,
+        body_limit=config.get("MAX_CONTENT_LENGTH"),
+        header_limit=worker.cfg.limit_request_field_size or 8190,
+        pool=pool,
+        keepalive=worker.cfg.keepalive or 75,
+        alive=lambda: bool(worker.alive),
+        server=(str(address[0]), int(address[1])),
+    )
+    serve_connection(conn.sock, conn.client, settings)
