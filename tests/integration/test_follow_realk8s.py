@@ -186,6 +186,8 @@ def test_gas_follows_the_real_schedulers_lease_through_a_release_and_a_crash(
         assert _lease(plane)["spec"]["holderIdentity"] == renewed["holderIdentity"]
         refused = gas.post("/scheduler/filter", {"Pod": gpu_pod("x"), "NodeNames": ["gpu-1"]})
         assert refused.status_code == 503
+        # Synced all along: the answer says the Lease ran out, not that gas is not synced.
+        assert "does not answer the scheduler now: the Lease ran out" in refused.json()["Error"]
 
         # A new scheduler waits a whole leaseDuration of its own, then takes over.
         third = plane.start_scheduler(config, name="scheduler-3")
