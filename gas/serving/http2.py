@@ -90,6 +90,9 @@ class Settings:
     keepalive: float
     alive: Callable[[], bool]
     server: tuple[str, int]
+    inline: frozenset[str] = frozenset()
+    """The direct POSTs' paths answered in the reader's thread: those that wait on nothing
+    (no I/O), for which a hand-off to the pool costs more than the answer."""
 
 
 @dataclass
@@ -119,6 +122,7 @@ class _Connection:
         self.in_flight = 0
         self.last_taken = 0
         self.closing = False
+        self.inline: list[_Stream] = []
 
     # All under self.lock.
 
@@ -190,6 +194,9 @@ class _Connection:
                     return
                 ended = self._handle(events)
                 self._flush()
+                inline, self.inline = self.inline, []
+            for stream in inline:
+                self._answer(stream)
             if ended:
                 return
 
@@ -273,7 +280,19 @@ class _Connection:
     def _dispatch(self, stream: _Stream) -> None:
         stream.dispatched = True
         self.in_flight += 1
-        self.settings.pool.submit(self._answer, stream)
+        if stream.ended and self.settings.direct_post is not None and self._inline(stream):
+            self.inline.append(stream)
+        else:
+            self.settings.pool.submit(self._answer, stream)
+
+    def _inline(self, stream: _Stream) -> bool:
+        method = path = b""
+        for name, value in stream.headers:
+            if name == b":method":
+                method = value
+            elif name == b":path":
+                path = value
+        return method == b"POST" and path.decode("latin-1") in self.settings.inline
 
     # The pool's threads.
 
@@ -418,9 +437,12 @@ def init_connection(conn: Any, cfg: Any) -> None:
     conn.parser = gunicorn_http.get_parser(cfg, conn.sock, conn.client)
 
 
-def serve_worker_connection(worker: Any, conn: Any, pool: Executor) -> None:
+def serve_worker_connection(
+    worker: Any, conn: Any, pool: Executor, inline: frozenset[str] = frozenset()
+) -> None:
     """`serve_connection` for gas's gunicorn worker `worker` (`gas.serving.server`) and its
-    connection `conn`, with the worker's app, direct POSTs and limits."""
+    connection `conn`, with the worker's app, direct POSTs and limits; `inline` as in
+    `Settings`."""
     config = getattr(worker.wsgi, "config", {})
     address = conn.server if isinstance(conn.server, tuple) else ("", 0)
     settings = Settings(
@@ -432,5 +454,6 @@ def serve_worker_connection(worker: Any, conn: Any, pool: Executor) -> None:
         keepalive=worker.cfg.keepalive or 75,
         alive=lambda: bool(worker.alive),
         server=(str(address[0]), int(address[1])),
+        inline=inline,
     )
     serve_connection(conn.sock, conn.client, settings)

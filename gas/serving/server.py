@@ -258,6 +258,9 @@ the connection it just used within this long, and answered in the same thread it
 hand-offs between the poller's thread and the pool's (two wake-ups of the worker's main
 loop, a pipe write, the poller's register and unregister, the pool's queue): a fifth of a
 bind's CPU. An idle connection costs the thread this long once."""
+_NO_IO_VERBS = frozenset(routes.VERBS) - {routes.BIND}
+"""The verbs answered from the ledger alone: over HTTP/2 they are answered in the
+connection's reader thread; a bind, which waits on the API server, on the pool."""
 _HEADER = re.compile(rb"\r\n([A-Za-z0-9-]+)[ \t]*:[ \t]*([^\r\n]*)")
 _LAST_CHUNK = re.compile(rb"(?:^|\r\n)0+[ \t]*(?:;[^\r\n]*)?\r\n(?:[^\r\n]+\r\n)*\r\n")
 
@@ -443,7 +446,7 @@ class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
         with self._http2_lock:
             if self._http2_pool is None:
                 self._http2_pool = ThreadPoolExecutor(self.cfg.threads, "gas-http2")
-        http2.serve_worker_connection(self, conn, self._http2_pool)
+        http2.serve_worker_connection(self, conn, self._http2_pool, _NO_IO_VERBS)
         return False
 
     def _handle_one(self, conn: Any) -> Any:

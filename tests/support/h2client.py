@@ -38,6 +38,8 @@ class H2Client:
         context.load_cert_chain(tls.client_cert, tls.client_key)
         context.set_alpn_protocols(list(alpn))
         raw = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        # As Go's clients: a request's HEADERS and DATA frames do not wait for an ACK.
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = context.wrap_socket(raw, server_hostname="127.0.0.1")
         self.protocol = self.sock.selected_alpn_protocol()
         self.conn = h2.connection.H2Connection(
