@@ -413,6 +413,9 @@ def serve_connection(sock: ssl.SSLSocket, client: Any, settings: Settings) -> No
         connection.serve()
     except (OSError, ssl.SSLError) as exc:
         log.debug("HTTP/2 connection from %s ended: %s", client, exc)
+    except Exception:
+        # Never handed back to gunicorn, which would answer it in HTTP/1.1.
+        log.exception("HTTP/2 connection from %s failed; closing it", client)
     finally:
         # Streams still being answered write to a closed socket and stop there.
         deadline = time.monotonic() + _WRITE_TIMEOUT
