@@ -109,6 +109,10 @@ class Workload:
         self._in_flight: dict[str, Future[Outcome]] = {}  # "ns/name" -> bind
         self._attempts: Counter[str] = Counter()
         self._late_write_next = False
+        # "ns/name" -> the path of the Binding fault added for its scheduling: dropped once
+        # the pod is no longer in flight, used or not (a pod that failed its filter is
+        # never bound), or such rules would pile up and every refill would re-add them all.
+        self._bind_rules: dict[str, str] = {}
         self._in_outage = False
         # Until then a Binding may land after its bind call ended: no node is shrunk or
         # deleted (a pod bound to a gone node is for the pod garbage collector, not gas).
@@ -360,7 +364,11 @@ class Workload:
         """Re-register the live fault rules (dropping used-up ones), optionally with a new
         rule first or without the current first one."""
         rules = self.api.faults.rules[1 if skip_first else 0 :]
-        kept = [r for r in rules if r.remaining != 0]
+        done = {k: path for k, path in self._bind_rules.items() if k not in self._in_flight}
+        for key in done:
+            del self._bind_rules[key]
+        stale = set(done.values())
+        kept = [r for r in rules if r.remaining != 0 and r.path_regex.pattern not in stale]
         self.api.faults.clear()
         if first is not None:
             self.api.faults.add(first[0], first[1], first[2], first[3])
@@ -440,6 +448,12 @@ class Workload:
 
     # ------------------------------------------------------------ helpers
 
+    def _bind_rule(self, key: str) -> str:
+        namespace, name = key.split("/", 1)
+        path = rf"/namespaces/{namespace}/pods/{name}/binding$"
+        self._bind_rules[key] = path
+        return path
+
     def _schedule(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
         key = f"{meta['namespace']}/{meta['name']}"
@@ -452,16 +466,12 @@ class Workload:
             # gas gives up on the Binding before the API server writes it.
             self._late_write_next = False
             late = ("delay", BIND_TIMEOUT[1] + 0.5)
-            self.api.faults.add(
-                "POST", rf"/namespaces/{meta['namespace']}/pods/{meta['name']}/binding$", late
-            )
+            self.api.faults.add("POST", self._bind_rule(key), late)
             self._late_until = time.monotonic() + BIND_TIMEOUT[1] + 30
         elif self.random.random() < self.slow_binds:
             # A slow Binding write: more binds in flight, more filters during binds.
             delay = ("delay", self.random.uniform(0.05, 0.4))
-            self.api.faults.add(
-                "POST", rf"/namespaces/{meta['namespace']}/pods/{meta['name']}/binding$", delay
-            )
+            self.api.faults.add("POST", self._bind_rule(key), delay)
         try:
             future = self.scheduler.schedule(meta["namespace"], meta["name"])
         except KeyError:
