@@ -523,6 +523,9 @@ class Bench:
         previous = os.environ.get("PYTHONPATH")
         if source is not None:
             os.environ["PYTHONPATH"] = source
+            # `python -m` puts the working directory (this tree) first on sys.path, ahead
+            # of PYTHONPATH: without this the baseline rounds ran this tree's gas.
+            os.environ["PYTHONSAFEPATH"] = "1"
         try:
             gas = GasProcess(
                 ["--kubeConfig", self.plane.admin_kubeconfig, *self.gas_args],
@@ -531,6 +534,7 @@ class Bench:
             )
         finally:
             if source is not None:
+                del os.environ["PYTHONSAFEPATH"]
                 if previous is None:
                     del os.environ["PYTHONPATH"]
                 else:
