@@ -595,9 +595,10 @@ class Bench:
             threading.Thread(target=create, args=(range(i, len(pods), CREATORS),))
             for i in range(CREATORS)
         ]
+        # Read before the CPU clock starts: the metrics' exposition is not the burst's work.
+        requests_before = request_counts(gas) if gas else {}
         spy = self._profiler(worker, name) if worker else None
         gas_before = thread_ticks(worker) if worker else {}
-        requests_before = request_counts(gas) if gas else {}
         sampler = ConnectionSampler(gas.port) if gas else None
         if sampler is not None:
             sampler.start()
