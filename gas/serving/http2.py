@@ -5,14 +5,16 @@ Go's HTTP client keeps two idle HTTP/1.1 connections per host; with binds in fli
 to filters, kube-scheduler opens further ones and drops them, a new mutual-TLS handshake
 for about every third pod. Over HTTP/2 it multiplexes every call on a single connection.
 
-One thread (the worker's, which took the connection) reads the connection for its life and
-runs the protocol (the `h2` package); each stream's whole request is answered on a thread
-pool, so a bind waiting on the API server does not hold up a filter. A POST the app takes
-as `routes.DIRECT_POST` goes there, as over HTTP/1.1; every other request goes through the
-app's WSGI side with an environ built here. Every use of the TLS socket and of the
-protocol's state is under one lock per connection (OpenSSL's connection object is not for
-two threads at once); a reply larger than the peer's flow-control window is sent on as the
-peer opens it.
+One thread (the worker's, which took the connection) reads the connection for its life
+and runs the protocol (the `h2` package), so each open HTTP/2 connection holds one of the
+worker's threads (kube-scheduler opens one; an idle one is closed after the keep-alive
+time). A POST the app takes as `routes.DIRECT_POST` is answered there, as over HTTP/1.1:
+in the reader's thread for the paths that wait on nothing (`Settings.inline`), else on a
+pool, so a bind waiting on the API server does not hold up a filter; every other request
+goes through the app's WSGI side, with an environ built here, on the pool. Every use of
+the TLS socket and of the protocol's state is under one lock per connection (OpenSSL's
+connection object is not for two threads at once); a reply larger than the peer's
+flow-control window is sent on as the peer opens it.
 
 Limits: MAX_STREAMS concurrent streams (a client going past it loses the connection, as
 the protocol lets the server decide); a body over the app's limit is answered 413 (by the
