@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from gas import __version__
 from gas.core.durations import DEFAULT_PENDING_GRACE, NANOSECONDS_PER_SECOND, parse_go_duration
+from gas.serving.goflags import add_go_bool
 
 log = logging.getLogger("gas")
 
@@ -33,22 +34,6 @@ def _go_style(argv: Sequence[str]) -> list[str]:
     return result
 
 
-def _bool(value: str) -> bool:
-    lowered = value.lower()
-    if lowered in ("1", "t", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "f", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"not a boolean: {value!r}")
-
-
-def _add_bool(parser: argparse.ArgumentParser, name: str, help_text: str) -> None:
-    # Go booleans: `-flag` alone or `-flag=true|false`.
-    parser.add_argument(
-        name, nargs="?", const=True, default=False, type=_bool, metavar="BOOL", help=help_text
-    )
-
-
 def _duration(value: str) -> float:
     """A Go duration (`15s`, `1.5s`, `500ms`, `1m30s`) in seconds."""
     nanoseconds = parse_go_duration(value)
@@ -61,7 +46,7 @@ def _duration(value: str) -> float:
 
 def _add_replica_flags(parser: argparse.ArgumentParser) -> None:
     """Several replicas: leader election of gas's own, or following kube-scheduler's."""
-    _add_bool(
+    add_go_bool(
         parser,
         "--leaderElect",
         "run several replicas: only the holder of the gas-extender Lease answers and is ready",
@@ -142,11 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--cacert",
         help="CA bundle: when given, clients must present a certificate it signed (mutual TLS)",
     )
-    _add_bool(serve, "--unsafe", "serve plain HTTP (for tests and local experiments only)")
-    _add_bool(serve, "--demo", "serve the built-in demo cluster instead of a real one")
+    add_go_bool(serve, "--unsafe", "serve plain HTTP (for tests and local experiments only)")
+    add_go_bool(serve, "--demo", "serve the built-in demo cluster instead of a real one")
     serve.add_argument("--demoFile", help="YAML file with the demo cluster's nodes and pods")
-    _add_bool(serve, "--enableAllowlist", "honour the gas-allow pod annotation")
-    _add_bool(serve, "--enableDenylist", "honour the gas-deny pod annotation")
+    add_go_bool(serve, "--enableAllowlist", "honour the gas-allow pod annotation")
+    add_go_bool(serve, "--enableDenylist", "honour the gas-deny pod annotation")
     serve.add_argument(
         "--balancedResource",
         default="",
@@ -176,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
         "pod is read and its cards released if it is not bound by gas (2m: keep it above "
         "the API server's --request-timeout)",
     )
-    _add_bool(
+    add_go_bool(
         serve,
         "--bindEvents",
         "post a GPUsAllocated Event on each pod gas binds (a second API write per bind; "

@@ -13,6 +13,7 @@ import argparse
 import logging
 
 from gas.core.admission import GAS_SCHEDULER
+from gas.serving.goflags import add_go_bool
 
 log = logging.getLogger("gas")
 
@@ -20,22 +21,6 @@ DEFAULT_PORT = 9443
 # Longer than Go's 90 s idle timeout, so the API server, not gas, closes idle
 # connections: a review racing a server-side close would fail the pod's creation.
 KEEPALIVE_SECONDS = 120
-
-
-def _go_bool(value: str) -> bool:
-    lowered = value.lower()
-    if lowered in ("1", "t", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "f", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"not a boolean: {value!r}")
-
-
-def _add_bool(parser: argparse.ArgumentParser, name: str, help_text: str) -> None:
-    # As gas serve's flags: `-flag` alone or `-flag=true|false`.
-    parser.add_argument(
-        name, nargs="?", const=True, default=False, type=_go_bool, metavar="BOOL", help=help_text
-    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,14 +38,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=GAS_SCHEDULER,
         help=f"the scheduler GPU pods are sent to ({GAS_SCHEDULER})",
     )
-    _add_bool(
+    add_go_bool(
         parser,
         "--validateOnly",
         "refuse GPU pods gas can never place, never change a pod's scheduler (kubeadm "
         "installs, where gas extends the default scheduler)",
     )
-    _add_bool(parser, "--enableAllowlist", "as gas serve's: a malformed gas-allow is refused")
-    _add_bool(parser, "--enableDenylist", "as gas serve's: a malformed gas-deny is refused")
+    add_go_bool(parser, "--enableAllowlist", "as gas serve's: a malformed gas-allow is refused")
+    add_go_bool(parser, "--enableDenylist", "as gas serve's: a malformed gas-deny is refused")
     parser.add_argument("--threads", type=int, default=4, help="request threads (4)")
     parser.add_argument("--v", type=int, default=2, help="log verbosity: 0-3 info, 4+ debug")
 
