@@ -20,6 +20,7 @@ from tests.support.gasproc import GasProcess, TLSFiles, free_port
 from tests.support.ledger_checks import gas_serving, ledger_of
 from tests.support.objects import container, gpu_node, gpu_pod
 from tests.support.polling import wait_for
+from tests.support.promtext import total
 
 MAX_BODY = 256 * 1024
 REPLY_KEYS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
@@ -395,16 +396,8 @@ def test_a_post_gets_the_same_answer_and_count_whichever_way_it_is_read(
     assert ("Content-Type", "application/json") in headers
     verb = path.rsplit("/", 1)[-1]
     if verb in ("filter", "prioritize", "preempt", "bind"):
-        assert requests_counted(after, verb) - requests_counted(before, verb) == 2
-
-
-def requests_counted(text: str, verb: str) -> float:
-    """gas_requests_total of `verb`, every outcome."""
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("gas_requests_total{") and f'verb="{verb}"' in line
-    )
+        counted = total(after, "gas_requests_total", verb=verb)
+        assert counted - total(before, "gas_requests_total", verb=verb) == 2
 
 
 def test_gas_answers_a_plain_post_itself_and_one_with_a_connection_field_through_gunicorn(

@@ -24,6 +24,7 @@ from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.h2client import MAX_CONCURRENT_STREAMS, H2Client
 from tests.support.ledger_checks import gas_serving, ledger_of
 from tests.support.objects import gpu_node, gpu_pod
+from tests.support.promtext import total
 
 MAX_BODY = 256 * 1024
 NODES = ["two-cards", "four-cards"]
@@ -74,11 +75,7 @@ def http1(
 
 def counted(server: GasProcess, verb: str) -> float:
     text = server.session.get(server.url + "/metrics", timeout=5).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("gas_requests_total{") and f'verb="{verb}"' in line
-    )
+    return total(text, "gas_requests_total", verb=verb)
 
 
 def test_a_client_offering_h2_gets_it_and_one_offering_only_http1_keeps_http1(
