@@ -281,14 +281,7 @@ def profile_configuration(kubeconfig: str, tls: TLSFiles, gas_port: int) -> dict
 
 
 def _gpu_node(core: client.CoreV1Api, name: str) -> None:
-    node: Any = gpu_node(name, "0.1", i915="2", memory_max="16Gi")
-    for key in ("capacity", "allocatable"):
-        node["status"][key].update({"cpu": "8", "memory": "32Gi", "pods": "110"})
-    node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
-    node["metadata"]["labels"]["kubernetes.io/hostname"] = name
-    core.create_node(node)
-    # No kubelet lifts the not-ready taint admission puts on a new node.
-    core.patch_node(name, [{"op": "remove", "path": "/spec/taints"}])
+    realk8s.add_schedulable_node(core, gpu_node(name, "0.1", i915="2", memory_max="16Gi"))
 
 
 def _pod(name: str, scheduler: str | None) -> dict[str, Any]:

@@ -85,14 +85,7 @@ def _configuration(plane: realk8s.ControlPlane, tls: TLSFiles, port: int) -> str
 
 
 def _add_gpu_node(core: client.CoreV1Api, name: str) -> None:
-    node: Any = gpu_node(name, "0.1.2.3", i915="4")
-    for key in ("capacity", "allocatable"):
-        node["status"][key].update({"cpu": "8", "memory": "32Gi", "pods": "110"})
-    node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
-    node["metadata"]["labels"]["kubernetes.io/hostname"] = name
-    core.create_node(node)
-    # No kubelet lifts the not-ready taint admission puts on a new node.
-    core.patch_node(name, [{"op": "remove", "path": "/spec/taints"}])
+    realk8s.add_schedulable_node(core, gpu_node(name, "0.1.2.3", i915="4"))
 
 
 def _lease(plane: realk8s.ControlPlane) -> dict[str, Any]:

@@ -589,3 +589,16 @@ class ControlPlane:
             command.append("--bind-address=127.0.0.1")
         command += extra
         return self._spawn(name, command, env)
+
+
+def add_schedulable_node(core: Any, node: dict[str, Any]) -> None:
+    """Create `node` (a `kubernetes.client.CoreV1Api` in `core`) as kube-scheduler will place
+    pods on it: room for pods, Ready, its hostname label, and untainted."""
+    name = node["metadata"]["name"]
+    for key in ("capacity", "allocatable"):
+        node["status"][key].update({"cpu": "8", "memory": "32Gi", "pods": "110"})
+    node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    node["metadata"]["labels"]["kubernetes.io/hostname"] = name
+    core.create_node(node)
+    # No kubelet lifts the not-ready taint admission puts on a new node.
+    core.patch_node(name, [{"op": "remove", "path": "/spec/taints"}])
