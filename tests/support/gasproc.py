@@ -123,7 +123,15 @@ class GasProcess:
             ]
         else:
             command += ["--unsafe"]
-        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._launch(command)
+        if tls_files is not None:
+            self.session.cert = (tls_files.client_cert, tls_files.client_key)
+            self.session.verify = tls_files.ca
+
+    def _launch(self, command: list[str]) -> None:
+        """Start `command` in its own process group, its output in `log_path`, and the
+        session that speaks to it."""
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop("KUBECONFIG", None)
         self.process = subprocess.Popen(
@@ -135,9 +143,6 @@ class GasProcess:
         # As kube-scheduler's Go client: no Connection field on HTTP/1.1, so that its POSTs
         # are those gas answers without gunicorn's parser (gas/serving/direct.py).
         del self.session.headers["Connection"]
-        if tls_files is not None:
-            self.session.cert = (tls_files.client_cert, tls_files.client_key)
-            self.session.verify = tls_files.ca
 
     @property
     def url(self) -> str:

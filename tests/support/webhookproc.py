@@ -7,12 +7,8 @@ log) is `GasProcess`'s.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
-
-import requests
 
 from tests.support.gasproc import GasProcess, TLSFiles, free_port
 
@@ -47,13 +43,5 @@ class WebhookProcess(GasProcess):
             tls_files.server_key,
             *args,
         ]
-        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env.pop("KUBECONFIG", None)
-        self.process = subprocess.Popen(
-            command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        self.session = requests.Session()
-        self.session.trust_env = False
-        del self.session.headers["Connection"]
+        self._launch(command)
         self.session.verify = tls_files.ca
