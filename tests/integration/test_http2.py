@@ -54,6 +54,18 @@ def pod_body(name: str) -> dict[str, Any]:
     return pod
 
 
+def bind_body(pod: dict[str, Any], node: str) -> bytes:
+    """A bind of `pod` to `node` as kube-scheduler writes it."""
+    meta = pod["metadata"]
+    bind = {
+        "PodName": meta["name"],
+        "PodNamespace": meta["namespace"],
+        "PodUID": meta["uid"],
+        "Node": node,
+    }
+    return json.dumps(bind).encode()
+
+
 def http1(
     server: GasProcess, tls: TLSFiles, method: str, path: str, body: bytes
 ) -> tuple[int, list[tuple[str, str]], bytes]:
@@ -134,22 +146,15 @@ def test_a_filter_is_answered_while_a_bind_on_the_same_connection_waits_on_the_a
     slow = cluster.add_pod(gpu_pod("slow-h2"))
     probe = cluster.add_pod(gpu_pod("probe-h2"))
     cluster.faults.add("POST", r"/pods/slow-h2/binding$", ("delay", 2.0))
-    meta = slow["metadata"]
-    bind = {
-        "PodName": meta["name"],
-        "PodNamespace": meta["namespace"],
-        "PodUID": meta["uid"],
-        "Node": "four-cards",
-    }
     with H2Client(server.port, tls_files) as client:
-        bind_stream = client.start("POST", "/scheduler/bind", json.dumps(bind).encode())
+        bind_stream = client.start("POST", "/scheduler/bind", bind_body(slow, "four-cards"))
         time.sleep(0.3)  # the bind now waits on the API server
         filter_body = json.dumps({"Pod": probe, "NodeNames": ["four-cards"]}).encode()
         filter_stream = client.start("POST", "/scheduler/filter", filter_body)
         assert json.loads(client.wait(filter_stream).body)["NodeNames"] == ["four-cards"]
         assert json.loads(client.wait(bind_stream).body)["Error"] == ""
         assert client.finished.index(filter_stream) < client.finished.index(bind_stream)
-    assert ledger_of(server)["pods"][meta["uid"]]["node"] == "four-cards"
+    assert ledger_of(server)["pods"][slow["metadata"]["uid"]]["node"] == "four-cards"
 
 
 def test_a_body_over_the_limit_without_a_length_gets_413_and_the_connection_goes_on(
@@ -210,15 +215,8 @@ def test_on_shutdown_the_client_gets_goaway_after_its_streams_are_answered(
     with gas_serving(cluster, tmp_path, tls_files, [], NODES) as process:
         slow = cluster.add_pod(gpu_pod("slow-stop"))
         cluster.faults.add("POST", r"/pods/slow-stop/binding$", ("delay", 1.5))
-        meta = slow["metadata"]
-        bind = {
-            "PodName": meta["name"],
-            "PodNamespace": meta["namespace"],
-            "PodUID": meta["uid"],
-            "Node": "two-cards",
-        }
         with H2Client(process.port, tls_files) as client:
-            stream = client.start("POST", "/scheduler/bind", json.dumps(bind).encode())
+            stream = client.start("POST", "/scheduler/bind", bind_body(slow, "two-cards"))
             time.sleep(0.3)
             stopper = threading.Thread(target=process.stop, args=(signal.SIGTERM,))
             stopper.start()
