@@ -280,6 +280,13 @@ def profile_configuration(kubeconfig: str, tls: TLSFiles, gas_port: int) -> dict
     return config
 
 
+def _namespace(plane: realk8s.ControlPlane, name: str) -> None:
+    plane.kubectl("create", "namespace", name)
+    # No controller-manager makes the namespace's default ServiceAccount, which admission
+    # gives every pod.
+    plane.kubectl("create", "serviceaccount", "default", "-n", name)
+
+
 def _gpu_node(core: client.CoreV1Api, name: str) -> None:
     realk8s.add_schedulable_node(core, gpu_node(name, "0.1", i915="2", memory_max="16Gi"))
 
@@ -312,10 +319,7 @@ def test_the_real_scheduler_runs_the_profile_and_binds_gpu_pods_through_gas(
         "delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "gas-webhook"
     )
     core = client.CoreV1Api(plane.client())
-    plane.kubectl("create", "namespace", "team-a")
-    # No controller-manager makes the namespace's default ServiceAccount, which admission
-    # gives every pod.
-    plane.kubectl("create", "serviceaccount", "default", "-n", "team-a")
+    _namespace(plane, "team-a")
     _gpu_node(core, "gpu-1")
 
     tls = gas_certs(tmp_path / "certs")
@@ -480,8 +484,7 @@ def test_two_scheduler_pods_one_gas_binds_and_the_other_takes_over(
         "--ignore-not-found",
     )
     core = client.CoreV1Api(plane.client())
-    plane.kubectl("create", "namespace", "team-b")
-    plane.kubectl("create", "serviceaccount", "default", "-n", "team-b")
+    _namespace(plane, "team-b")
     _gpu_node(core, "gpu-2")
     tls = gas_certs(tmp_path / "certs")
     kubeconfig = token_kubeconfig(plane, SCHEDULER, tmp_path / "gas-scheduler.kubeconfig")
