@@ -117,8 +117,18 @@ class _Connection:
         self.client = client
         self.settings = settings
         self.lock = threading.Lock()
+        # What arrives is checked in full (a malformed header block never reaches the
+        # app); its cookie fields are joined by `_wsgi`, not by h2. What goes out is the
+        # app's status and headers, made lower case, stripped and rid of hop-by-hop
+        # fields in `_send`: h2's own passes over them would do that work again.
         self.h2 = h2.connection.H2Connection(
-            h2.config.H2Configuration(client_side=False, header_encoding=None)
+            h2.config.H2Configuration(
+                client_side=False,
+                header_encoding=None,
+                validate_outbound_headers=False,
+                normalize_outbound_headers=False,
+                normalize_inbound_headers=False,
+            )
         )
         self.streams: dict[int, _Stream] = {}
         self.in_flight = 0
@@ -317,11 +327,10 @@ class _Connection:
         self, stream: _Stream, status: str, headers: list[tuple[str, str]], body: bytes
     ) -> None:
         head = [(b":status", status[:3].encode("ascii"))]
-        head.extend(
-            (name.lower().encode("latin-1"), value.encode("latin-1"))
-            for name, value in headers
-            if name.lower() not in _HOP_BY_HOP
-        )
+        for name, value in headers:
+            key = name.lower()
+            if key not in _HOP_BY_HOP:
+                head.append((key.encode("latin-1"), value.strip().encode("latin-1")))
         with self.lock:
             if stream.reset:
                 return

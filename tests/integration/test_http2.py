@@ -193,6 +193,45 @@ def test_more_streams_than_allowed_lose_the_connection_and_gas_serves_on(
         assert client.request("POST", "/scheduler/filter", filter_body).status == 200
 
 
+_GOOD_HEAD = [
+    (":method", "POST"),
+    (":path", "/scheduler/filter"),
+    (":scheme", "https"),
+    (":authority", "gas"),
+]
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        _GOOD_HEAD[:1] + _GOOD_HEAD[2:],  # no :path
+        [*_GOOD_HEAD, ("Content-Type", "application/json")],  # a name in upper case
+        [*_GOOD_HEAD, ("connection", "keep-alive")],  # a hop-by-hop field
+        [*_GOOD_HEAD, (":method", "GET")],  # a second pseudo-header
+        [("content-type", "application/json"), *_GOOD_HEAD],  # pseudo-headers last
+    ],
+    ids=["no-path", "upper-case", "hop-by-hop", "second-method", "pseudo-last"],
+)
+def test_a_malformed_header_block_ends_the_connection_before_any_verb_sees_it(
+    server: GasProcess, tls_files: TLSFiles, head: list[tuple[str, str]]
+) -> None:
+    filter_body = json.dumps({"Pod": pod_body("p"), "NodeNames": NODES}).encode()
+    before = counted(server, "filter")
+    with H2Client(server.port, tls_files) as client:
+        client.settings()
+        # Written as raw frames: h2 as a client refuses to send these.
+        frame = HeadersFrame(1, flags=["END_HEADERS", "END_STREAM"])
+        frame.data = client.conn.encoder.encode(head)
+        client.sock.sendall(frame.serialize())
+        while client.read_once():
+            pass
+        assert client.terminated is not None
+        assert client.terminated.error_code == h2.errors.ErrorCodes.PROTOCOL_ERROR
+    assert counted(server, "filter") == before
+    with H2Client(server.port, tls_files) as client:
+        assert client.request("POST", "/scheduler/filter", filter_body).status == 200
+
+
 def test_garbage_instead_of_frames_ends_the_connection_and_gas_serves_on(
     server: GasProcess, tls_files: TLSFiles
 ) -> None:
