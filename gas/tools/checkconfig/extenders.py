@@ -497,6 +497,14 @@ def _gas_settings(checker: Checker, entry: LocatedMap, path: str) -> None:
         )
 
 
+def gas_entries(doc: LocatedMap) -> list[tuple[int, LocatedMap]]:
+    """The entries of ``doc``'s ``extenders`` that are gas, with their indexes."""
+    extenders = doc.get("extenders")
+    if not isinstance(extenders, list):
+        return []
+    return _gas_extenders([(i, e) for i, e in enumerate(extenders) if isinstance(e, LocatedMap)])
+
+
 def _gas_extenders(entries: list[tuple[int, LocatedMap]]) -> list[tuple[int, LocatedMap]]:
     """The extenders that are gas: those managing gpu.intel.com resources; else those whose
     URL names gas; else the only extender, if it manages nothing (so is asked about every

@@ -18,8 +18,8 @@ import ipaddress
 from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
-from gas.core.model import RESOURCE_PREFIX
 from gas.tools.checkconfig.checker import Checker
+from gas.tools.checkconfig.extenders import gas_entries
 from gas.tools.checkconfig.load import LocatedMap, join_path, line_of
 
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -177,7 +177,7 @@ def check_second_scheduler(checker: Checker, doc: LocatedMap, workload: Workload
     """The rules of a scheduler of gas's own (``second_scheduler(doc)`` is true)."""
     _scheduler_name(checker, doc, workload)
     _leader_election(checker, doc, workload)
-    for index, entry in _gas_entries(doc):
+    for index, entry in gas_entries(doc):
         _loopback(checker, entry, join_path("extenders", index), workload)
         if workload is not None and workload.scheduler_mounts is not None:
             _mounted(checker, entry, join_path("extenders", index), workload)
@@ -186,7 +186,7 @@ def check_second_scheduler(checker: Checker, doc: LocatedMap, workload: Workload
 def check_default_profile_url(checker: Checker, doc: LocatedMap) -> None:
     """The default scheduler (a static pod on a control-plane node) calling gas on loopback
     reaches that node, where gas does not run."""
-    for index, entry in _gas_entries(doc):
+    for index, entry in gas_entries(doc):
         host = _host(entry)
         if host is not None and _is_loopback(host):
             checker.warning(
@@ -330,22 +330,6 @@ def _loopback(checker: Checker, entry: LocatedMap, path: str, workload: Workload
             f"gas in {workload.name} listens on {workload.gas_host} (--host), not on loopback",
             line,
         )
-
-
-def _gas_entries(doc: LocatedMap) -> list[tuple[int, LocatedMap]]:
-    extenders = doc.get("extenders")
-    if not isinstance(extenders, list):
-        return []
-    return [
-        (index, entry)
-        for index, entry in enumerate(extenders)
-        if isinstance(entry, LocatedMap)
-        and isinstance(entry.get("managedResources"), list)
-        and any(
-            isinstance(r, dict) and str(r.get("name", "")).startswith(RESOURCE_PREFIX)
-            for r in entry["managedResources"]
-        )
-    ]
 
 
 def _host(entry: LocatedMap) -> str | None:
