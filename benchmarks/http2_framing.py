@@ -1,7 +1,9 @@
 """CPU of gas's HTTP/2 serving per request, framing alone: `serve_connection` in process
 on a real mutual-TLS socket, a direct POST that answers at once (in the reader's
 thread), and a client (the `h2` package) sending filters one after another on one
-connection. Prints the reader thread's CPU per request; never fails on time.
+connection. The filters cycle through distinct pod shapes and node sets, as kube-scheduler's
+queue sends them, so bodies and answers vary in size as users' do. Prints the reader
+thread's CPU per request; never fails on time.
 
     .venv/bin/python -m benchmarks.http2_framing [--requests N] [--runs R]
 """
@@ -9,6 +11,7 @@ connection. Prints the reader thread's CPU per request; never fails on time.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import socket
 import ssl
@@ -19,19 +22,48 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from benchmarks.workload import pod_object, queue_shapes
 from gas.serving import http2
 from tests.support.gasproc import TLSFiles, make_tls_files
 from tests.support.h2client import H2Client
 
-_BODY = json.dumps({"Pod": {"metadata": {"name": "p"}}, "NodeNames": ["n1", "n2"]}).encode()
-_ANSWER = json.dumps({"NodeNames": ["n1"], "FailedNodes": {}, "Error": ""}).encode()
+# Node sets of the sizes a filter names: a small pool, a few dozen nodes, one node left.
+_NODE_COUNTS = (3, 50, 12, 1, 30, 8)
+
+
+def _filters() -> list[tuple[bytes, bytes]]:
+    """(filter body, answer) pairs: one per queue shape, each with its own node set; the
+    answer fits half the nodes and says why the others fail."""
+    pairs = []
+    for index, shape in enumerate(queue_shapes()):
+        count = _NODE_COUNTS[index % len(_NODE_COUNTS)]
+        nodes = [f"node-{(index + n) % 64}" for n in range(count)]
+        pod = pod_object(f"pod-{index}", f"uid-pod-{index}", shape)
+        fits, fails = nodes[: (count + 1) // 2], nodes[(count + 1) // 2 :]
+        answer = {
+            "NodeNames": fits,
+            "FailedNodes": {n: "gpu.intel.com/memory.max: not enough on any card" for n in fails},
+            "Error": "",
+        }
+        pairs.append(
+            (
+                json.dumps({"Pod": pod, "NodeNames": nodes}).encode(),
+                json.dumps(answer).encode(),
+            )
+        )
+    return pairs
+
+
+_FILTERS = _filters()
+_ANSWERS = dict(_FILTERS)
 
 
 def _direct(path: str, body: bytes) -> tuple[str, list[tuple[str, str]], bytes]:
+    answer = _ANSWERS[body]
     return (
         "200 OK",
-        [("Content-Type", "application/json"), ("Content-Length", str(len(_ANSWER)))],
-        _ANSWER,
+        [("Content-Type", "application/json"), ("Content-Length", str(len(answer)))],
+        answer,
     )
 
 
@@ -73,14 +105,15 @@ def run(tls: TLSFiles, requests: int) -> float:
     thread.start()
     with H2Client(port, tls) as client:
         client.settings()
-        for _ in range(20):  # warm the header tables
-            assert client.request("POST", "/filter", _BODY).status == 200
+        for body, _ in _FILTERS[:20]:  # warm the header tables
+            assert client.request("POST", "/filter", body).status == 200
         assert thread.ident is not None
+        filters = itertools.islice(itertools.cycle(_FILTERS), requests)
         clock = time.pthread_getcpuclockid(thread.ident)
         start = time.clock_gettime(clock)
-        for _ in range(requests):
-            response = client.request("POST", "/filter", _BODY)
-            assert response.status == 200 and response.body == _ANSWER
+        for body, answer in filters:
+            response = client.request("POST", "/filter", body)
+            assert response.status == 200 and response.body == answer
         used = time.clock_gettime(clock) - start
     thread.join()
     listener.close()
