@@ -452,31 +452,30 @@ class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
     def _handle_one(self, conn: Any) -> Any:
         if conn.is_http2:
             return self._serve_http2(conn)
-        if not conn.is_http2:
-            try:
-                ready = self._collect_request(conn)
-                if ready is True and conn.is_http2:
-                    return self._serve_http2(conn)
-                if ready is True:
-                    answered = self._answer_direct(conn)
-                    if answered is not None:
-                        return answered
-            except ssl.SSLError as exc:
-                # As gthread itself: a client that hung up is not worth a log line.
-                if exc.args[0] != ssl.SSL_ERROR_EOF:
-                    self.handle_error(None, conn.sock, conn.client, exc)
-                return False
-            except OSError as exc:
-                if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, None):
-                    self.log.exception("Socket error reading a request.")
-                elif exc.errno is None:
-                    self.handle_error(None, conn.sock, conn.client, exc)
-                return False
-            except Exception as exc:
+        try:
+            ready = self._collect_request(conn)
+            if ready is True and conn.is_http2:
+                return self._serve_http2(conn)
+            if ready is True:
+                answered = self._answer_direct(conn)
+                if answered is not None:
+                    return answered
+        except ssl.SSLError as exc:
+            # As gthread itself: a client that hung up is not worth a log line.
+            if exc.args[0] != ssl.SSL_ERROR_EOF:
                 self.handle_error(None, conn.sock, conn.client, exc)
-                return False
-            if ready is not True:
-                return ready
+            return False
+        except OSError as exc:
+            if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, None):
+                self.log.exception("Socket error reading a request.")
+            elif exc.errno is None:
+                self.handle_error(None, conn.sock, conn.client, exc)
+            return False
+        except Exception as exc:
+            self.handle_error(None, conn.sock, conn.client, exc)
+            return False
+        if ready is not True:
+            return ready
         return super().handle(conn)
 
     def _collect_request(self, conn: Any) -> Any:
