@@ -38,7 +38,7 @@ from gas.serving.wire import BadRequest
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
-__all__ = ["Options", "create_app"]
+__all__ = ["Options", "create_app", "read_body"]
 
 log = logging.getLogger(__name__)
 decisions = logging.getLogger("gas.decisions")
@@ -166,7 +166,7 @@ class _Face:
         """A POST to `verb`, its body read from `environ`: its status, body and outcome
         label ("" when it did not reach the verb, and is counted by its status)."""
         limit = self._config.get("MAX_CONTENT_LENGTH")
-        return self._answered(verb, lambda: _read_body(environ, limit))
+        return self._answered(verb, lambda: read_body(environ, limit))
 
     def answer_body(self, verb: str, body: bytes) -> tuple[int, bytes, str]:
         """`answer` of a POST whose whole `body` the server read."""
@@ -265,8 +265,9 @@ def _healthz() -> Response:
     return _json({"status": "ok"})
 
 
-def _read_body(environ: WSGIEnvironment, limit: int | None) -> bytes:
+def read_body(environ: WSGIEnvironment, limit: int | None) -> bytes:
     """The whole body; 413 when it is larger than the limit, even without Content-Length.
+    Shared with the admission webhook's app (`gas.serving.webhook_app`).
 
     werkzeug enforces the limit only through the declared Content-Length: a chunked body
     is silently cut at the limit, and the cut could even parse as JSON."""

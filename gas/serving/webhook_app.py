@@ -17,7 +17,7 @@ from werkzeug.exceptions import HTTPException
 
 from gas.core.admission import MUTATED, REFUSED, Settings
 from gas.serving import admission, routes, wire
-from gas.serving.extender import _read_body
+from gas.serving.extender import read_body
 from gas.serving.wire import BadRequest
 
 log = logging.getLogger("gas.webhook")
@@ -50,7 +50,7 @@ def create_app(settings: Settings, metrics: WebhookMetrics | None = None) -> Fla
     app.config["MAX_CONTENT_LENGTH"] = wire.DEFAULT_MAX_REQUEST_BYTES
 
     def pods() -> Response:
-        body = _read_body(request.environ, app.config["MAX_CONTENT_LENGTH"])
+        body = read_body(request.environ, app.config["MAX_CONTENT_LENGTH"])
         answered = admission.review(body, settings)
         decision = answered.decision
         dry_run = " (dry run)" if answered.dry_run else ""
