@@ -16,9 +16,10 @@ import socket
 import stat
 import struct
 
+from gas.core.model import GPU_COUNT_RESOURCES
+
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-PLUGIN_RESOURCES = ("gpu.intel.com/i915", "gpu.intel.com/xe")
 PROBE_TIMEOUT = 2.0
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -91,5 +92,5 @@ def check_free(path: str) -> None:
 
 def check_plugin_sockets(plugin_dir: str) -> None:
     """SocketTaken when another process serves any of gas's device-plugin sockets."""
-    for resource in PLUGIN_RESOURCES:
+    for resource in GPU_COUNT_RESOURCES:
         check_free(os.path.join(plugin_dir, socket_name(resource)))
