@@ -18,13 +18,13 @@ import ipaddress
 from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
+from gas.core.admission import DEFAULT_SCHEDULER, GAS_SCHEDULER
 from gas.tools.checkconfig.checker import Checker
 from gas.tools.checkconfig.extenders import gas_entries
 from gas.tools.checkconfig.load import LocatedMap, join_path, line_of
 
-DEFAULT_SCHEDULER = "default-scheduler"
 # `gas webhook --schedulerName`'s default, and the profile of deploy/any-cluster.
-WEBHOOK_SCHEDULER = "gas-scheduler"
+WEBHOOK_SCHEDULER = GAS_SCHEDULER
 # kube-scheduler's leader election defaults (kubescheduler.config.k8s.io/v1).
 DEFAULT_LEASE = "kube-scheduler"
 DEFAULT_LEASE_NAMESPACE = "kube-system"
