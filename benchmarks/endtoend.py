@@ -83,22 +83,6 @@ SETUPS = {
     "no-prioritize": "kube-scheduler + gas, no prioritize verb",
 }
 
-EXTENDER = {
-    "filterVerb": "filter",
-    "prioritizeVerb": "prioritize",
-    "preemptVerb": "preempt",
-    "bindVerb": "bind",
-    "weight": 1,
-    "enableHTTPS": True,
-    "nodeCacheCapable": True,
-    "ignorable": False,
-    "httpTimeout": "10s",
-    "managedResources": [
-        {"name": "gpu.intel.com/i915", "ignoredByScheduler": False},
-        {"name": "gpu.intel.com/xe", "ignoredByScheduler": False},
-    ],
-}
-
 
 # ---------------------------------------------------------------- the API server, raw
 
@@ -453,15 +437,10 @@ def scheduler_config(gas_port: int | None, tls: TLSFiles, prioritize: bool = Tru
         "profiles": [{"schedulerName": "default-scheduler"}],
     }
     if gas_port is not None:
-        extender = dict(EXTENDER, urlPrefix=f"https://127.0.0.1:{gas_port}/scheduler")
+        extender = realk8s.gas_extender(gas_port, tls, ignorable=False, httpTimeout="10s")
         if not prioritize:
             # Under first fit every score is 0: the call changes no placement.
             del extender["prioritizeVerb"], extender["weight"]
-        extender["tlsConfig"] = {
-            "certFile": tls.client_cert,
-            "keyFile": tls.client_key,
-            "caFile": tls.ca,
-        }
         config["extenders"] = [extender]
     return json.dumps(config)
 

@@ -60,26 +60,7 @@ def _configuration(plane: realk8s.ControlPlane, tls: TLSFiles, port: int) -> str
             "retryPeriod": "1s",
         },
         "profiles": [{"schedulerName": LEASE}],
-        "extenders": [
-            {
-                "urlPrefix": f"https://127.0.0.1:{port}/scheduler",
-                "filterVerb": "filter",
-                "prioritizeVerb": "prioritize",
-                "preemptVerb": "preempt",
-                "bindVerb": "bind",
-                "weight": 1,
-                "enableHTTPS": True,
-                "nodeCacheCapable": True,
-                "managedResources": [
-                    {"name": "gpu.intel.com/i915", "ignoredByScheduler": False},
-                ],
-                "tlsConfig": {
-                    "caFile": tls.ca,
-                    "certFile": tls.client_cert,
-                    "keyFile": tls.client_key,
-                },
-            }
-        ],
+        "extenders": [realk8s.gas_extender(port, tls)],
     }
     return yaml.safe_dump(config)
 

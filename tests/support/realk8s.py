@@ -38,12 +38,15 @@ import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+if TYPE_CHECKING:
+    from tests.support.gasproc import TLSFiles
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "k8s"
@@ -589,6 +592,28 @@ class ControlPlane:
             command.append("--bind-address=127.0.0.1")
         command += extra
         return self._spawn(name, command, env)
+
+
+def gas_extender(port: int, tls: TLSFiles, **fields: Any) -> dict[str, Any]:
+    """A KubeSchedulerConfiguration `extenders` entry for gas on 127.0.0.1:`port`: every
+    verb, both GPU resources, over mutual TLS with `tls`'s client certificate; `fields`
+    add to or replace its keys."""
+    return {
+        "urlPrefix": f"https://127.0.0.1:{port}/scheduler",
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+        "preemptVerb": "preempt",
+        "bindVerb": "bind",
+        "weight": 1,
+        "enableHTTPS": True,
+        "nodeCacheCapable": True,
+        "managedResources": [
+            {"name": "gpu.intel.com/i915", "ignoredByScheduler": False},
+            {"name": "gpu.intel.com/xe", "ignoredByScheduler": False},
+        ],
+        "tlsConfig": {"caFile": tls.ca, "certFile": tls.client_cert, "keyFile": tls.client_key},
+        **fields,
+    }
 
 
 def add_schedulable_node(core: Any, node: dict[str, Any]) -> None:
