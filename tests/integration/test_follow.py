@@ -33,8 +33,8 @@ FOLLOW = [
 ]
 
 
-def micro_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+# renewTime as the API server stores it (RFC 3339, microseconds, Z).
+MICRO_TIME = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 
 class SchedulerLease:
@@ -52,7 +52,8 @@ class SchedulerLease:
         self._thread: threading.Thread | None = None
 
     def _write(self, holder: str) -> None:
-        now = micro_now()
+        moment = datetime.now(UTC)
+        now = moment.strftime(MICRO_TIME)
         try:
             old = self._api.read_namespaced_lease(LEASE, NAMESPACE)
         except kubernetes.client.ApiException as exc:
@@ -78,14 +79,10 @@ class SchedulerLease:
             transitions = old.spec.lease_transitions or 0
             body["spec"]["leaseTransitions"] = transitions + (not same)
             if same and old.spec.acquire_time is not None:
-                body["spec"]["acquireTime"] = old.spec.acquire_time.strftime(
-                    "%Y-%m-%dT%H:%M:%S.%fZ"
-                )
+                body["spec"]["acquireTime"] = old.spec.acquire_time.strftime(MICRO_TIME)
             self._api.replace_namespaced_lease(LEASE, NAMESPACE, body)
         self.holder = holder
-        self.renewed_at = (
-            datetime.strptime(now, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
-        )
+        self.renewed_at = moment.timestamp()
 
     def hold(self, holder: str) -> None:
         """Acquire (or take over) as `holder` and renew on a thread."""
