@@ -107,12 +107,8 @@ build() { # build CONTEXT CONTAINERFILE
 
 if [ "$base_mode" = auto ]; then
   base_mode=local
-  if image_exists "$BASE_IMAGE"; then
+  if image_exists "$BASE_IMAGE" || timeout 300 "$tool" pull --quiet "$BASE_IMAGE" >/dev/null 2>&1; then
     base_mode=registry
-  elif [ "$tool" = buildah ]; then
-    buildah pull --quiet "$BASE_IMAGE" >/dev/null 2>&1 && base_mode=registry
-  else
-    timeout 300 "$tool" pull --quiet "$BASE_IMAGE" >/dev/null 2>&1 && base_mode=registry
   fi
   say "$BASE_IMAGE is $([ "$base_mode" = registry ] || echo "not ")available: the $base_mode way"
 fi
