@@ -101,6 +101,8 @@ class Settings:
 class _Stream:
     stream_id: int
     headers: list[tuple[bytes, bytes]]
+    method: str = ""
+    path: str = ""
     body: io.BytesIO = field(default_factory=io.BytesIO)
     declared: int | None = None
     dispatched: bool = False
@@ -267,7 +269,11 @@ class _Connection:
         headers = [(bytes(k), bytes(v)) for k, v in event.headers or ()]
         stream = _Stream(event.stream_id, headers)
         for name, value in headers:
-            if name == b"content-length" and value.isdigit():
+            if name == b":method":
+                stream.method = value.decode("latin-1")
+            elif name == b":path":
+                stream.path = value.decode("latin-1")
+            elif name == b"content-length" and value.isdigit():
                 stream.declared = int(value)
         self.streams[event.stream_id] = stream
         self.last_taken = max(self.last_taken, event.stream_id)
@@ -292,19 +298,15 @@ class _Connection:
     def _dispatch(self, stream: _Stream) -> None:
         stream.dispatched = True
         self.in_flight += 1
-        if stream.ended and self.settings.direct_post is not None and self._inline(stream):
+        if (
+            stream.ended
+            and self.settings.direct_post is not None
+            and stream.method == "POST"
+            and stream.path in self.settings.inline
+        ):
             self.inline.append(stream)
         else:
             self.settings.pool.submit(self._answer, stream)
-
-    def _inline(self, stream: _Stream) -> bool:
-        method = path = b""
-        for name, value in stream.headers:
-            if name == b":method":
-                method = value
-            elif name == b":path":
-                path = value
-        return method == b"POST" and path.decode("latin-1") in self.settings.inline
 
     # The pool's threads.
 
@@ -344,9 +346,7 @@ class _Connection:
             self._flush()
 
     def _reply(self, stream: _Stream) -> Answer:
-        pseudo = {k: v for k, v in stream.headers if k.startswith(b":")}
-        method = pseudo.get(b":method", b"").decode("latin-1")
-        path = pseudo.get(b":path", b"").decode("latin-1")
+        method, path = stream.method, stream.path
         body = stream.body.getvalue()
         limit = self.settings.body_limit
         whole = limit is None or (len(body) <= limit and (stream.declared or 0) <= limit)
