@@ -7,7 +7,14 @@ import sys
 
 from gas.tools.checkconfig.checker import Checker, ConfigReport
 from gas.tools.checkconfig.configuration import check_scheduler_configuration
-from gas.tools.checkconfig.load import LocatedMap, ParseError, Source, line_of, parse_documents
+from gas.tools.checkconfig.load import (
+    LocatedMap,
+    ParseError,
+    Source,
+    line_of,
+    parse_documents,
+    text_offset,
+)
 from gas.tools.checkconfig.policy import (
     POLICY_CONFIGMAP,
     RBAC_KINDS,
@@ -120,9 +127,7 @@ def configuration_text(doc: LocatedMap) -> tuple[str, str, int] | None:
         return None
     for key, value in data.items():
         if isinstance(value, str) and "KubeSchedulerConfiguration" in value:
-            line, style = data.value_lines.get(key, (1, None))
-            # A block scalar's text starts on the line after its indicator.
-            return str(key), value, line if style in ("|", ">") else line - 1
+            return str(key), value, text_offset(data, key)
     return None
 
 

@@ -119,6 +119,14 @@ def line_of(obj: Any, key: Any = None) -> int | None:
     return None
 
 
+def text_offset(data: LocatedMap, key: Any) -> int:
+    """How many lines of the file come before the text held at ``data[key]``, so a
+    document parsed from that text is placed at its lines in the file."""
+    line, style = data.value_lines.get(key, (1, None))
+    # A block scalar's text starts on the line after its indicator.
+    return line if style in ("|", ">") else line - 1
+
+
 def join_path(path: str, key: Any) -> str:
     """The path of a field as findings name it: ``extenders[0].tlsConfig``."""
     if isinstance(key, int):

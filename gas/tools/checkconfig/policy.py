@@ -7,7 +7,13 @@ from typing import Any
 
 from gas.tools.checkconfig.checker import Checker
 from gas.tools.checkconfig.extenders import check_extenders
-from gas.tools.checkconfig.load import LocatedMap, ParseError, line_of, parse_documents
+from gas.tools.checkconfig.load import (
+    LocatedMap,
+    ParseError,
+    line_of,
+    parse_documents,
+    text_offset,
+)
 from gas.tools.checkconfig.values import POLICY
 
 POLICY_KEY = "policy.cfg"
@@ -166,10 +172,7 @@ def policy_text(doc: LocatedMap) -> tuple[str | None, int, str | None]:
         value = data[POLICY_KEY]
         if not isinstance(value, str):
             return None, 0, f"data[{POLICY_KEY}] must be a string holding the Policy JSON"
-        line, style = data.value_lines.get(POLICY_KEY, (1, None))
-        # A block scalar's text starts on the line after its indicator.
-        offset = line if style in ("|", ">") else line - 1
-        return value, offset, None
+        return value, text_offset(data, POLICY_KEY), None
     for key, value in data.items():
         if isinstance(value, str) and ('"Policy"' in value or "kind: Policy" in value):
             return (
