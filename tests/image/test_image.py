@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 import requests
@@ -19,7 +18,7 @@ from tests.support.fakesysfs import GIB, FakeCard, write_sysfs
 from tests.support.gasproc import free_port, make_tls_files
 from tests.support.kubelet import KubeletDouble
 from tests.support.nodeproc import short_dir
-from tests.support.objects import gpu_node
+from tests.support.objects import container, gpu_node, gpu_pod
 from tests.support.polling import wait_for
 
 # The first test to ask for the image builds it (about 4 minutes on a cold cache, under one
@@ -29,19 +28,8 @@ pytestmark = [pytest.mark.image, pytest.mark.timeout(900)]
 # The largest the image may grow before someone looks at why (docs/image.md gives its size).
 MAX_IMAGE_BYTES = 330 * 1000**2
 
-GPU_POD: dict[str, Any] = {
-    "metadata": {"name": "pod", "namespace": "default", "uid": "uid-pod"},
-    "spec": {
-        "containers": [
-            {
-                "name": "app",
-                "resources": {
-                    "limits": {"gpu.intel.com/i915": "1", "gpu.intel.com/memory.max": "6Gi"}
-                },
-            }
-        ]
-    },
-}
+# One card with 6Gi: demo-1card and demo-2cards fit it, demo-cpu-only does not.
+GPU_POD = gpu_pod("pod", container(i915="1", memory_max="6Gi"))
 
 
 def test_help_and_version_as_the_extender_runs(engine: Engine, image: str) -> None:
