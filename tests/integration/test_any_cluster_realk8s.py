@@ -219,6 +219,28 @@ def test_the_real_authorizer_keeps_the_kubeadm_account_to_its_own_lease(
         assert not can(plane, "gas-webhook", *request)
 
 
+def test_the_real_authorizer_gives_the_node_agent_its_node_and_nothing_more(
+    plane: realk8s.ControlPlane,
+) -> None:
+    """What test_least_privilege finds `gas node` needs and is refused on the API-server
+    double's RBAC, asked of the real authorizer with the manifests' own roles."""
+    needs = [
+        ("get", "nodes/n1"),
+        ("patch", "nodes/n1"),
+        ("patch", "nodes/n1", "--subresource=status"),
+        ("get", "pods", "-n", "default"),
+    ]
+    assert [r for r in needs if not can(plane, "gas-node", *r)] == []
+    refused = [
+        ("list", "nodes"),
+        ("update", "nodes/n1"),
+        ("delete", "pods", "-n", "default"),
+        ("patch", "pods", "--subresource=status", "-n", "default"),
+        ("create", "pods", "--subresource=binding", "-n", "default"),
+    ]
+    assert [r for r in refused if can(plane, "gas-node", *r)] == []
+
+
 # ------------------------------------------------------------------ the profile, end to end
 
 
