@@ -315,6 +315,21 @@ class Ledger:
             results = self._fit_names(request, names, own, ask, shape)
         return judge(names, results)
 
+    def fits_any(self, request: PodRequest, names: Sequence[str], uid: str | None = None) -> bool:
+        """Whether `judge_names` would pass any of `names`. The first name is fitted alone
+        first, node by node as the arrays' leftovers are (their fixed cost is that of a
+        thousand rows): a prioritize names the nodes that passed the filter a moment ago,
+        so it nearly always settles it."""
+        if not names:
+            return False
+        shape = request_shape(request)
+        with self._lock:
+            own = self._own_pending(uid)
+            first = self._check_names(request, names[:1], own, self._cache.answers(shape))[0]
+        if not isinstance(first, Rejection):
+            return True
+        return bool(self.judge_names(request, names, uid).passed)
+
     def _fit_left(self, request: PodRequest, names: list[str]) -> list[Allocation | Rejection]:
         """The answers for the names the arrays leave when judging (`FreeBook.judge`),
         with the lock held: fitted node by node, as `_decide` fits those `decide` leaves

@@ -176,11 +176,10 @@ class Extender:
         except SpecError:
             ask = None
         # First fit scores 0 everywhere, and then only whether any node fits matters (the
-        # outcome): the filter's judgement of these names says it, found again by the
-        # arrays rather than node by node.
+        # outcome).
         first_fit = ask is not None and self._options.policy.placement_for(ask) == FIRST_FIT
         if ask is not None and first_fit and args.nodes is None:
-            fitting = len(self._ledger.judge_names(ask, names, args.uid).passed)
+            fitting = int(self._ledger.fits_any(ask, names, args.uid))
         elif ask is not None:
             given: dict[str, NodeGpu] = {}
             if args.nodes is not None:

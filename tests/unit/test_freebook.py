@@ -569,6 +569,7 @@ def test_ledger_check_decides_as_the_search(data: st.DataObject) -> None:
                     judged = ledger.judge_names(request, list(asked), asker)
                     answers = [reference(ledger, request, n, asker) for n in asked]
                     assert judged == judge(list(asked), cast(list[Allocation | Rejection], answers))
+                    assert ledger.fits_any(request, list(asked), asker) == bool(judged.passed)
         elif op == "reserve":
             ledger.reserve_placement(uid, "ns", uid, request, name)
         elif op in ("commit", "commit_unknown"):
