@@ -4,6 +4,8 @@ speed goals belong to the benchmarks."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from benchmarks.verbs import Scheduler, feasible_count, main, run
@@ -44,7 +46,15 @@ def test_a_burst_is_scheduled_with_no_card_over_committed() -> None:
 def test_main_prints_each_verb_per_pod(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--nodes", "60", "--pods", "10", "--runs", "2"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("60 nodes at 50%, 10 pods, filters naming 60 nodes")
+    assert out[0].startswith("60 nodes at 50%, 10 pods, filters naming 60 nodes, 0 ms before")
     assert [line.split(":")[0] for line in out[1:]] == ["run 1", "run 2", "median per pod"]
     for line in out[1:]:
         assert all(f"{verb} " in line for verb in ("filter", "prioritize", "bind", "all"))
+
+
+def test_gap_waits_before_each_pod(capsys: pytest.CaptureFixture[str]) -> None:
+    started = time.monotonic()
+    assert main(["--nodes", "30", "--pods", "5", "--runs", "1", "--gap", "40"]) == 0
+    # Five pods, each after 40 ms: the run cannot be quicker than that.
+    assert time.monotonic() - started >= 0.2
+    assert ", 40 ms before each pod;" in capsys.readouterr().out.splitlines()[0]
