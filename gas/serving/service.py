@@ -14,6 +14,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from gas.cluster.protocol import BindRejected, BindUncertain, Cluster, ClusterError
@@ -198,7 +199,7 @@ class Extender:
                 if scored:
                     usage = self._ledger.usage(name)
                     scores[name] = scoring.node_score(node, usage, ask, result, policy)
-        shown = dict(list(scores.items())[:20])
+        shown = dict(islice(scores.items(), 20))
         decision = decision_record("prioritize", args.pod, nodes=len(names), scores=shown)
         body = wire.host_priority_list(scores)
         return Reply(body, Outcome(FIT if fitting else NO_FIT, decision))
