@@ -22,7 +22,8 @@ latency p50/p99, gas's CPU time per bound pod split by thread (from
 /proc/<worker>/task/*/stat; the names from `py-spy dump` when py-spy is on PATH, else the
 main thread apart from the rest), gas's requests per pod by verb (its metrics) and the
 connections kube-scheduler opened to it (a lower bound, sampled from /proc/net/tcp),
-kube-scheduler's and kube-apiserver's CPU per pod, and the cards: with gas,
+kube-scheduler's, kube-apiserver's and the whole machine's busy CPU per pod (on two cores,
+2,000 ms of CPU a second bounds the pods per second), and the cards: with gas,
 every bound pod's cards against capacity (gas.tools.audit.check_invariants); alone, the
 pods that no card could hold (first fit on the cards left, in bind order), which the
 scheduler cannot see. Prints Markdown tables; never fails on time.
@@ -246,6 +247,15 @@ def thread_ticks(pid: int) -> dict[int, int]:
     return ticks
 
 
+def machine_ticks() -> int:
+    """CPU time every core of the machine spent busy (not idle or waiting for I/O), in
+    clock ticks: the three processes, etcd, the benchmark's own clients and anything else
+    running."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = f.readline().split()[1:9]
+    return sum(int(v) for v in (user, nice, system, irq, softirq, steal))
+
+
 def process_ticks(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -342,6 +352,7 @@ class Round:
     gas_cpu_ms: dict[str, float] = field(default_factory=dict)
     scheduler_cpu_ms: float = float("nan")
     apiserver_cpu_ms: float = float("nan")
+    machine_cpu_ms: float = float("nan")
     no_card_fits: int = 0
     requests: dict[str, float] = field(default_factory=dict)
     connections: int = 0
@@ -583,6 +594,7 @@ class Bench:
             sampler.start()
         scheduler_before = process_ticks(scheduler.pid)
         apiserver_before = process_ticks(apiserver.pid)
+        machine_before = machine_ticks()
         started = time.monotonic()
         for creator in creators:
             creator.start()
@@ -608,6 +620,7 @@ class Bench:
             result.requests = {v: n - requests_before.get(v, 0) for v, n in after.items()}
         scheduler_after = process_ticks(scheduler.pid)
         apiserver_after = process_ticks(apiserver.pid)
+        machine_after = machine_ticks()
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(timeout=60)
@@ -623,6 +636,7 @@ class Bench:
         result.latencies_s = [t - created[pod] for pod, (t, _) in bound.items()]
         result.scheduler_cpu_ms = (scheduler_after - scheduler_before) * tick_ms
         result.apiserver_cpu_ms = (apiserver_after - apiserver_before) * tick_ms
+        result.machine_cpu_ms = (machine_after - machine_before) * tick_ms
         if worker:
             groups: dict[str, float] = {}
             for tid, ticks in gas_after.items():
@@ -693,6 +707,7 @@ def rounds_table(rounds: Sequence[Round]) -> list[str]:
         *[f"{g} ms/pod" for g in groups],
         "scheduler CPU ms/pod",
         "apiserver CPU ms/pod",
+        "machine CPU ms/pod",
         "no card fits",
         "over-committed",
     ]
@@ -711,6 +726,7 @@ def rounds_table(rounds: Sequence[Round]) -> list[str]:
             *[fmt(r.gas_ms_per_pod(g), 2) for g in groups],
             fmt(r.scheduler_cpu_ms / per_pod, 2),
             fmt(r.apiserver_cpu_ms / per_pod, 2),
+            fmt(r.machine_cpu_ms / per_pod, 2),
             str(r.no_card_fits) if r.mode == "alone" else "n/a",
             str(len(r.over_commit)) if r.mode != "alone" else "n/a",
         ]

@@ -27,6 +27,9 @@ def test_quick_run_schedules_every_pod_alone_and_with_gas(tmp_path: Path) -> Non
     # gas placed every pod on cards that hold it, and its worker's CPU was read by thread.
     assert with_gas["over_committed"] == 0, with_gas["over_commit"]
     assert with_gas["gas_cpu_ms"] and all(v >= 0 for v in with_gas["gas_cpu_ms"].values())
+    # The machine ran at least the scheduler and the API server.
+    for result in rounds.values():
+        assert result["machine_cpu_ms"] >= result["scheduler_cpu_ms"] + result["apiserver_cpu_ms"]
     assert rounds["alone"]["gas_cpu_ms"] == {}
     summary = report["summary"]
     assert summary["throughput_ratio"] > 0
