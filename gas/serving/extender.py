@@ -82,6 +82,15 @@ def create_app(
     scheduler = _SchedulerRoutes(app.wsgi_app, face)
     app.wsgi_app = scheduler  # type: ignore[method-assign]
     setattr(app, routes.DIRECT_POST, scheduler.post)
+    connections = Counter(
+        "gas_connections",
+        "Connections accepted, by the protocol they chose: over h2 kube-scheduler carries "
+        "every call on one; over http/1.1 it opens another (a mutual-TLS handshake) "
+        "whenever its two idle ones are busy.",
+        ["protocol"],
+        registry=metrics.registry,
+    )
+    setattr(app, routes.CONNECTION_OPENED, lambda protocol: connections.labels(protocol).inc())
     return app
 
 

@@ -20,3 +20,8 @@ LEDGER = "/debug/ledger"
 DIRECT_POST = "gas_direct_post"
 """The attribute under which an app served by `gas.serving.server` offers the POSTs the
 server answers without gunicorn's parser or WSGI (`gas.serving.direct.DirectPost`)."""
+
+CONNECTION_OPENED = "gas_connection_opened"
+"""The attribute under which an app served by `gas.serving.server` takes note of each
+connection whose handshake completed: a callable given the protocol it chose ("h2" or
+"http/1.1")."""

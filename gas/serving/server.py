@@ -486,6 +486,9 @@ class QuickQuitThreadWorker(ThreadWorker):  # type: ignore[misc]
                 return _DEFER
             conn.sock.setblocking(True)
             http2.init_connection(conn, self.cfg)
+            opened = getattr(self.wsgi, routes.CONNECTION_OPENED, None)
+            if opened is not None:
+                opened("h2" if conn.is_http2 else "http/1.1")
             if conn.is_http2:
                 return True
         unreader = conn.parser.unreader

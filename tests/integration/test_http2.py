@@ -100,6 +100,25 @@ def test_a_client_offering_h2_gets_it_and_one_offering_only_http1_keeps_http1(
         assert client.protocol == "http/1.1"
 
 
+def test_each_connection_is_counted_by_the_protocol_it_chose(
+    server: GasProcess, tls_files: TLSFiles
+) -> None:
+    def connections(client: H2Client) -> dict[str, float]:
+        text = client.request("GET", "/metrics", b"").body.decode()
+        return {p: total(text, "gas_connections_total", protocol=p) for p in ("h2", "http/1.1")}
+
+    # Read over a connection of its own, counted before the first reading.
+    with H2Client(server.port, tls_files) as reader:
+        before = connections(reader)
+        with H2Client(server.port, tls_files) as client:
+            for _ in range(3):
+                assert client.request("GET", "/healthz", b"").status == 200
+        for _ in range(2):
+            assert http1(server, tls_files, "GET", "/healthz", b"")[0] == 200
+        after = connections(reader)
+    assert {p: after[p] - before[p] for p in after} == {"h2": 1, "http/1.1": 2}
+
+
 @pytest.mark.parametrize(
     ("method", "path", "body"),
     [
