@@ -21,7 +21,8 @@ Per round: pods bound per second (from the first create to the last bind), creat
 latency p50/p99, gas's CPU time per bound pod split by thread (from
 /proc/<worker>/task/*/stat; the names from `py-spy dump` when py-spy is on PATH, else the
 main thread apart from the rest), gas's requests per pod by verb (its metrics) and the
-connections kube-scheduler opened to it (a lower bound, sampled from /proc/net/tcp),
+connections gas accepted meanwhile (its `gas_connections_total`: kube-scheduler's, and the
+benchmark's reader of gas's metrics should its kept-alive connection close),
 kube-scheduler's, kube-apiserver's and the whole machine's busy CPU per pod (on two cores,
 2,000 ms of CPU a second bounds the pods per second), and the cards: with gas,
 every bound pod's cards against capacity (gas.tools.audit.check_invariants); alone, the
@@ -35,6 +36,7 @@ import argparse
 import contextlib
 import http.client
 import json
+import math
 import os
 import random
 import re
@@ -298,10 +300,12 @@ def thread_group(tid: int, pid: int, names: dict[int, str]) -> str:
 
 
 _REQUESTS = re.compile(r"^gas_requests_total\{([^}]*)\} ([0-9.e+]+)$", re.MULTILINE)
+_CONNECTIONS = re.compile(r"^gas_connections_total\{[^}]*\} ([0-9.e+]+)$", re.MULTILINE)
 
 
-def request_counts(gas: GasProcess) -> dict[str, float]:
-    """gas's requests so far by verb, from its metrics."""
+def gas_counts(gas: GasProcess) -> tuple[dict[str, float], float]:
+    """gas's requests so far by verb, and the connections it accepted (NaN from a gas that
+    does not count them), from its metrics."""
     response = gas.session.get(gas.url + "/metrics", timeout=10)
     response.raise_for_status()
     counts: dict[str, float] = {}
@@ -309,32 +313,8 @@ def request_counts(gas: GasProcess) -> dict[str, float]:
         verb = re.search(r'verb="([^"]*)"', labels)
         if verb:
             counts[verb.group(1)] = counts.get(verb.group(1), 0.0) + float(value)
-    return counts
-
-
-class ConnectionSampler(threading.Thread):
-    """The client ports seen connected to gas's port, from /proc/net/tcp every few ms: a
-    lower bound of the connections kube-scheduler opened (one that lives shorter than a
-    sample's gap may be missed)."""
-
-    def __init__(self, port: int) -> None:
-        super().__init__(name="connections", daemon=True)
-        self._local = f"0100007F:{port:04X}"
-        self.ports: set[str] = set()
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.wait(0.005):
-            with open("/proc/net/tcp") as f:
-                for line in f:
-                    fields = line.split()
-                    if len(fields) > 3 and fields[1] == self._local and fields[3] == "01":
-                        self.ports.add(fields[2])
-
-    def stop(self) -> int:
-        self._halt.set()
-        self.join(timeout=5)
-        return len(self.ports)
+    connections = _CONNECTIONS.findall(response.text)
+    return counts, sum(map(float, connections)) if connections else float("nan")
 
 
 # ---------------------------------------------------------------- one round
@@ -355,7 +335,7 @@ class Round:
     machine_cpu_ms: float = float("nan")
     no_card_fits: int = 0
     requests: dict[str, float] = field(default_factory=dict)
-    connections: int = 0
+    connections: float = float("nan")
     over_commit: list[str] = field(default_factory=list)
 
     @property
@@ -586,12 +566,9 @@ class Bench:
             for i in range(CREATORS)
         ]
         # Read before the CPU clock starts: the metrics' exposition is not the burst's work.
-        requests_before = request_counts(gas) if gas else {}
+        requests_before, connections_before = gas_counts(gas) if gas else ({}, float("nan"))
         spy = self._profiler(worker, name) if worker else None
         gas_before = thread_ticks(worker) if worker else {}
-        sampler = ConnectionSampler(gas.port) if gas else None
-        if sampler is not None:
-            sampler.start()
         scheduler_before = process_ticks(scheduler.pid)
         apiserver_before = process_ticks(apiserver.pid)
         machine_before = machine_ticks()
@@ -613,11 +590,10 @@ class Bench:
                 if len(watch.bound) == seen:
                     break
         gas_after = thread_ticks(worker) if worker else {}
-        if sampler is not None:
-            result.connections = sampler.stop()
         if gas is not None:
-            after = request_counts(gas)
+            after, connections_after = gas_counts(gas)
             result.requests = {v: n - requests_before.get(v, 0) for v, n in after.items()}
+            result.connections = connections_after - connections_before
         scheduler_after = process_ticks(scheduler.pid)
         apiserver_after = process_ticks(apiserver.pid)
         machine_after = machine_ticks()
@@ -837,7 +813,11 @@ def run_rounds(
                         f", {verb} {n / max(1, result.bound):.2f}/pod"
                         for verb, n in sorted(result.requests.items())
                     )
-                    + (f", >= {result.connections} connections" if result.connections else ""),
+                    + (
+                        f", {result.connections:.0f} new connections"
+                        if not math.isnan(result.connections)
+                        else ""
+                    ),
                     flush=True,
                 )
     return rounds
