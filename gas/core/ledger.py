@@ -123,6 +123,19 @@ class StalePending:
     since: float
 
 
+@dataclass(frozen=True)
+class LedgerFigures:
+    """The nodes and their books as `Ledger.figures` copies them for the metrics."""
+
+    nodes: dict[str, NodeGpu]  # by name, in name order
+    usage: dict[str, dict[str, dict[str, int]]]  # known nodes with usage: card -> resource
+    # Cards blocked, and nodes blocked whole, by the entries' own holdings (as listed by
+    # `snapshot`).
+    blocked: dict[str, frozenset[str]]
+    blocking: frozenset[str]
+    pods: dict[str, int]  # entry state value -> entries
+
+
 class Ledger:
     def __init__(
         self,
@@ -585,6 +598,35 @@ class Ledger:
             if tiles:
                 result["tiles"] = tiles
             return result
+
+    def figures(self) -> LedgerFigures:
+        """What the per-card and placeable metrics read, in one pass under the lock: the
+        nodes and their books, without the per-pod detail of `snapshot`."""
+        with self._lock:
+            nodes = dict(sorted(self._nodes.items()))
+            usage = {
+                name: {card: dict(resources) for card, resources in book.usage.items()}
+                for name, book in self._books.items()
+                if book.usage and name in nodes
+            }
+            blocked: dict[str, set[str]] = {}
+            blocking: set[str] = set()
+            states = [entry.state for entry in self._entries.values()]
+            for entry in self._entries.values():
+                holding = entry.holding
+                # The entry's own holding, as `snapshot` lists it.
+                if holding.blocked_cards:
+                    blocked.setdefault(holding.node, set()).update(holding.blocked_cards)
+                if holding.blocks_node:
+                    blocking.add(holding.node)
+        return LedgerFigures(
+            nodes,
+            usage,
+            {name: frozenset(cards) for name, cards in blocked.items()},
+            frozenset(blocking),
+            # Counted by identity in C: an Enum's hash is a Python call.
+            {state.value: states.count(state) for state in State},
+        )
 
     # ------------------------------------------------------------ internals (lock held)
 

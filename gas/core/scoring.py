@@ -180,3 +180,63 @@ def cluster_placeable(
     return {
         size.name: sum(counts.get(size.name, 0) for counts in per_node.values()) for size in sizes
     }
+
+
+@dataclass(frozen=True)
+class _Counted:
+    """One node's counts and what they were computed from."""
+
+    node: NodeGpu
+    usage: Usage
+    blocked: frozenset[str]
+    node_blocked: bool
+    counts: dict[str, int]
+
+
+class PlaceableMemo:
+    """`placeable_pods` across calls, each node computed again only when its inputs
+    changed: the node object (by identity: the ledger replaces it when the node changes),
+    its usage, blocked cards or whole-node block. Between two scrapes few nodes change.
+
+    Safe for concurrent calls without a lock: each call reads the memory as it finds it
+    and replaces it whole with its own; a node whose kept inputs differ from a call's is
+    computed again, so a race costs work, never a wrong count."""
+
+    def __init__(self, sizes: Iterable[PodSize] = POD_SIZES) -> None:
+        self._sizes = tuple(sizes)
+        self._counted: dict[str, _Counted] = {}
+        self.computed = 0
+        """Nodes computed (not taken from the memory) since the memo was made."""
+
+    def placeable_pods(
+        self,
+        nodes: Iterable[NodeGpu],
+        usage: Mapping[str, Usage],
+        blocked: Mapping[str, frozenset[str]] | None = None,
+        blocked_nodes: frozenset[str] = frozenset(),
+    ) -> dict[str, dict[str, int]]:
+        """As `placeable_pods`. The usages are kept, so they must not change afterwards."""
+        blocked = blocked or {}
+        known = self._counted
+        counted: dict[str, _Counted] = {}
+        for node in sorted(nodes, key=lambda n: n.name):
+            used = usage.get(node.name, {})
+            cards = blocked.get(node.name, frozenset())
+            whole = node.name in blocked_nodes
+            kept = known.get(node.name)
+            if (
+                kept is None
+                or kept.node is not node
+                or kept.node_blocked != whole
+                or kept.blocked != cards
+                or kept.usage != used
+            ):
+                counts = {
+                    size.name: placeable(node, used, size, blocked=cards, node_blocked=whole)
+                    for size in self._sizes
+                }
+                kept = _Counted(node, used, cards, whole, counts)
+                self.computed += 1
+            counted[node.name] = kept
+        self._counted = counted
+        return {name: dict(kept.counts) for name, kept in counted.items()}
