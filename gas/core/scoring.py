@@ -2,7 +2,8 @@
 
 `node_score` places the pod as bind would and scores the node 0..10 by how full its usable
 cards would then be (`binpack`; 10 minus that for `spread`; 0 everywhere for `first-fit`).
-`placeable_pods` counts how many more pods of each of `POD_SIZES` each node could take. The
+`placeable_pods` counts how many more pods of each of `POD_SIZES` each node could take;
+`PlaceableMemo` does the same across calls, computing again only the nodes that changed. The
 exact rules: docs/scoring.md.
 """
 
