@@ -182,7 +182,9 @@ class Descheduler(threading.Thread):
     Fed by the reflectors' callbacks, which only touch the index and the queue. The queue
     holds each pod UID at most once, so the work is bounded by the number of gas pods
     however many events arrive; a failed patch is retried with exponential backoff and,
-    while it waits, further events for that pod do not jump the queue.
+    while it waits, further events for that pod do not jump the queue. With `gate`, only
+    while this replica answers the scheduler: the others keep their index and queue warm
+    and write nothing.
     """
 
     BASE_DELAY = 0.5
@@ -203,6 +205,13 @@ class Descheduler(threading.Thread):
         self._failures: dict[str, int] = {}
         self.patched = 0
         self.failed = 0
+        self._active: Callable[[], bool] = lambda: True
+
+    def gate(self, active: Callable[[], bool]) -> None:
+        """Send patches only while `active()` (no I/O: asked with the queue's lock held).
+        Replicas otherwise write the same labels twice; the queue waits meanwhile, and a
+        pod whose label another replica set by then is found needing nothing."""
+        self._active = active
 
     # ------------------------------------------------------------ feeding (any thread)
 
@@ -319,7 +328,7 @@ class Descheduler(threading.Thread):
                         del self._retry_at[uid]
                         self._queued.add(uid)
                         self._ready.append(uid)
-                if self._ready:
+                if self._ready and self._active():
                     uid = self._ready.popleft()
                     self._queued.discard(uid)
                     return uid

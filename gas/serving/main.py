@@ -38,6 +38,7 @@ from gas.serving.service import Options
 if TYPE_CHECKING:
     from flask import Flask
 
+    from gas.cluster.kube import KubeCluster
     from gas.cluster.leader import Leadership
 
 # The command's own logger: its messages read as `gas`'s, whichever module says them.
@@ -298,10 +299,11 @@ class Worker:
         store = KubeLeaseStore(api_client, namespace, LEASE_NAME, config.renew_deadline)
         elector = Elector(store, config, eligible=cluster.synced, on_change=leader_gauge(metrics))
         self._electors.append(elector)
+        cluster.descheduler.gate(elector.is_leader)
         return LeaderGatedCluster(cluster, elector)
 
     def _follower(
-        self, cluster: Cluster, api_client: Any, follow: FollowPlan, metrics: Metrics
+        self, cluster: KubeCluster, api_client: Any, follow: FollowPlan, metrics: Metrics
     ) -> LeaderGatedCluster:
         from gas.cluster.follow import SchedulerLeaseFollower
         from gas.cluster.leader import KubeLeaseStore, leader_gauge
@@ -315,6 +317,7 @@ class Worker:
             on_change=leader_gauge(metrics),
         )
         self._electors.append(follower)
+        cluster.descheduler.gate(follower.is_leader)
         # Every synced replica is ready: kube-scheduler's pods are Ready whoever leads, and
         # a rollout waits on that.
         return LeaderGatedCluster(cluster, follower, ready_when_following=True)

@@ -450,3 +450,47 @@ def test_a_failed_patch_is_retried(apiserver: ApiServerDouble, gas: GasProcess) 
     wait_label(apiserver, "flaky", LABEL_VALUE)
     assert patches(apiserver, "flaky") >= 3
     assert "retry 2" in gas.log()
+
+
+def _ready(gas: GasProcess) -> bool:
+    try:
+        return gas.session.get(gas.url + "/readyz", timeout=2).status_code == 200
+    except Exception:
+        return False
+
+
+def test_only_the_replica_that_leads_writes_labels(
+    apiserver: ApiServerDouble, start_gas: StartGas, kubeconfig: str, tls_files: TLSFiles
+) -> None:
+    set_node_labels(apiserver)
+    apiserver.add_pod(placed_pod("on-card0", "card0"))
+    elect = [
+        "--leaderElect",
+        "--leaderElectNamespace=gas-system",
+        "--leaseDuration=2s",
+        "--renewDeadline=1500ms",
+        "--retryPeriod=0.3s",
+    ]
+    replicas = [start_gas(["--kubeConfig", kubeconfig, *elect], tls=tls_files) for _ in "ab"]
+    leader = wait_for(
+        lambda: next((g for g in replicas if _ready(g)), None), timeout=30, what="a leader"
+    )
+    follower = replicas[1 - replicas.index(leader)]
+    for replica in replicas:
+        wait_for_nodes(replica, "n1")
+    # Each patch is held a while before it is applied: a replica that wrote would not see
+    # the other's label in time, and each would write it.
+    apiserver.faults.add("PATCH", r"/pods/on-card0$", ("delay", 1.0), times=None)
+    set_node_labels(apiserver, DESCHEDULE_CARD0)
+    wait_label(apiserver, "on-card0", LABEL_VALUE)
+    time.sleep(1.5)
+    assert patches(apiserver, "on-card0") == 1
+
+    # The other replica writes once it leads.
+    apiserver.faults.clear()
+    leader.kill()
+    wait_for(lambda: _ready(follower), timeout=30, what="the follower leading")
+    set_node_labels(apiserver)
+    wait_label(apiserver, "on-card0", None)
+    time.sleep(0.5)
+    assert patches(apiserver, "on-card0") == 2
