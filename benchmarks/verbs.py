@@ -12,13 +12,16 @@ told from noise:
   kube-scheduler (defaults, managedFields, the service-account volume, tolerations);
 - per pod, what kube-scheduler v1.28 sends: a filter naming the nodes its own plugins found
   feasible, `numFeasibleNodesToFind` of them (420 of 1,000) from where the last cycle
-  stopped, in the order its parallel workers found them (blocks of the window, shuffled);
+  stopped, in about the order its parallel workers find them (blocks of the window,
+  shuffled: an approximation of their chunks);
   a prioritize naming those gas passed; a bind to one of them, at random (every score is 0
   under first fit, and kube-scheduler breaks ties at random).
 
 Each request goes through the app's direct POST (`routes.DIRECT_POST`: decoding, the
 verb, encoding, metrics and the decision log line, logged to /dev/null at INFO as `gas
-serve` logs it); HTTP, TLS and the API write are not in it. Prints the thread CPU per call
+serve` logs it); HTTP, TLS and the API write are not in it, and a bind's figure holds the
+demo cluster's own store of the pod and the ledger's update that gas's watch thread would
+make. Prints the thread CPU per call
 of each verb and per pod, the median of `--runs`; never fails on time.
 
 Back to back, the calls run with the interpreter's and numpy's code and data in the CPU's

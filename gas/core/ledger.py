@@ -174,6 +174,12 @@ class Ledger:
     def replace_nodes(self, nodes: Iterable[NodeGpu]) -> None:
         fresh = {node.name: node for node in nodes}
         with self._lock:
+            # A node equal to the one held stays the same object, as in `set_node`: what
+            # is kept per node object (a scrape's lines) outlives a relist.
+            for name, node in fresh.items():
+                held = self._nodes.get(name)
+                if held is not None and held == node:
+                    fresh[name] = held
             self._nodes = fresh
             self._free.replace_nodes(fresh.values(), self._book_views())
 

@@ -271,6 +271,24 @@ def test_worker_patches_once_per_difference(worker: tuple[Descheduler, FakeApi])
     assert api.calls[0][2]["metadata"]["labels"] == {LABEL_DESCHEDULE_POD: LABEL_VALUE}
 
 
+def test_a_gated_worker_sends_only_while_active(worker: tuple[Descheduler, FakeApi]) -> None:
+    descheduler, api = worker
+    active = threading.Event()
+    descheduler.gate(active.is_set)
+    descheduler.nodes_listed([node_from_object(node_with(DESCHEDULE_CARD0))])
+    descheduler.pods_listed(
+        listed(with_uid(placed_pod("a", "card0")), with_uid(placed_pod("b", "card0"), "uid-2"))
+    )
+    time.sleep(0.7)  # more than one of the worker's half-second waits
+    assert api.calls == [] and descheduler.pending() == 2
+    # Meanwhile the replica that leads labelled b: once active, only a is patched.
+    labelled = with_uid(placed_pod("b", "card0", label=LABEL_VALUE), "uid-2")
+    descheduler.pod_changed(labelled)
+    active.set()
+    settle(descheduler)
+    assert [name for _, name, _ in api.calls] == ["a"]
+
+
 def test_worker_retries_failures_with_backoff(worker: tuple[Descheduler, FakeApi]) -> None:
     descheduler, api = worker
     api.script = [RuntimeError("500"), RuntimeError("timeout"), None]
