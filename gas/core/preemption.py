@@ -19,7 +19,7 @@ from itertools import combinations
 
 from gas.core.allocator import Placement, Policy, Rejection, place
 from gas.core.holdings import PodHolding
-from gas.core.ledger import NodeState, State
+from gas.core.ledger_views import NodeState, State
 from gas.core.model import NodeGpu, PodRequest, tiles_by_card
 
 EXHAUSTIVE_VICTIMS = 16

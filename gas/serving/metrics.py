@@ -20,7 +20,8 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from gas.cluster.counters import SyncCounters
-from gas.core.ledger import Ledger, LedgerFigures
+from gas.core.ledger import Ledger
+from gas.core.ledger_views import LedgerFigures
 from gas.core.model import NodeGpu
 from gas.core.scoring import POD_SIZES, PlaceableMemo, cluster_placeable
 

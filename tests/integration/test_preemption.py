@@ -25,7 +25,8 @@ from gas.cluster.protocol import Cluster
 from gas.core import preemption
 from gas.core.allocator import Placement, Policy, Rejection, place
 from gas.core.holdings import PodHolding, PodObservation, observe_pod
-from gas.core.ledger import Ledger, NodeState, State
+from gas.core.ledger import Ledger
+from gas.core.ledger_views import NodeState, State
 from gas.core.model import I915, TILES, ContainerNeed, NodeGpu, PodRequest, tiles_by_card
 from gas.core.preemption import Budget, Selection, Victim, select_all, select_victims
 from gas.serving.extender import create_app

@@ -17,7 +17,8 @@ import pytest
 from gas.cluster.demo import DemoCluster, load_demo_file
 from gas.cluster.leader import ElectionConfig, Elector, LeaderGatedCluster, LeaseRecord
 from gas.core.allocator import Policy
-from gas.core.ledger import Ledger, State
+from gas.core.ledger import Ledger
+from gas.core.ledger_views import State
 from gas.core.model import ANNOTATION_CARDS, I915
 from gas.core.preemption import Victim
 from gas.serving.service import Extender, Options

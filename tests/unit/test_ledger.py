@@ -13,7 +13,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from gas.core.allocator import NODE_BLOCKED, Rejection
 from gas.core.holdings import PodHolding, PodObservation, holding_from_annotation, observe_pod
-from gas.core.ledger import Ledger, State
+from gas.core.ledger import Ledger
+from gas.core.ledger_views import State
 from gas.core.model import (
     I915,
     NodeGpu,
