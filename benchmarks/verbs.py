@@ -52,6 +52,7 @@ from gas.cluster.demo import DemoCluster
 from gas.core.ledger import Ledger
 from gas.serving import routes
 from gas.serving.extender import create_app
+from tests.support.objects import binding_args
 
 Post = Callable[[str, bytes], Any]
 PATHS = {verb: path for path, verb in routes.VERBS.items()}
@@ -180,13 +181,7 @@ class Scheduler:
         if not passed:
             return
         self.call("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": passed})
-        metadata = pod["metadata"]
-        binding = {
-            "PodName": metadata["name"],
-            "PodNamespace": metadata["namespace"],
-            "PodUID": metadata["uid"],
-            "Node": self.rng.choice(passed),
-        }
+        binding = binding_args(pod, self.rng.choice(passed))
         if not self.call("bind", binding).get("Error"):
             self.bound += 1
 

@@ -10,20 +10,10 @@ from typing import Any
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.ledger_checks import assert_consistent, ledger_of, wait_for_nodes
-from tests.support.objects import container, gpu_node, gpu_pod
+from tests.support.objects import binding_args, container, gpu_node, gpu_pod
 from tests.support.scheduler import SchedulerEmulator
 
 RACERS = 16
-
-
-def bind_body(pod: dict[str, Any], node: str) -> dict[str, str]:
-    meta = pod["metadata"]
-    return {
-        "PodName": meta["name"],
-        "PodNamespace": meta["namespace"],
-        "PodUID": meta["uid"],
-        "Node": node,
-    }
 
 
 def test_many_binds_racing_for_the_last_card_exactly_one_wins(
@@ -40,7 +30,7 @@ def test_many_binds_racing_for_the_last_card_exactly_one_wins(
 
     def race(pod: dict[str, Any]) -> str:
         barrier.wait()
-        response = gas.post("/scheduler/bind", bind_body(pod, "last"))
+        response = gas.post("/scheduler/bind", binding_args(pod, "last"))
         assert response.status_code == 200
         error: str = response.json()["Error"]
         return error
@@ -109,7 +99,7 @@ def test_filters_are_answered_while_a_bind_waits_on_the_api_server(
     finished: dict[str, float] = {}
 
     def bind_slow() -> None:
-        gas.post("/scheduler/bind", bind_body(slow, "n"))
+        gas.post("/scheduler/bind", binding_args(slow, "n"))
         finished["bind"] = time.monotonic()
 
     thread = threading.Thread(target=bind_slow)

@@ -19,7 +19,7 @@ import pytest
 from gas.cluster.follow import RECHECK_INTERVAL
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles
-from tests.support.objects import gpu_node, gpu_pod
+from tests.support.objects import binding_args, gpu_node, gpu_pod
 from tests.support.polling import wait_for
 
 NAMESPACE = "gas-system"
@@ -133,17 +133,8 @@ def _start(
 
 def _bind(gas: GasProcess, pod: dict[str, Any], node: str) -> Answer:
     started = time.monotonic()
-    meta = pod["metadata"]
     try:
-        response = gas.post(
-            "/scheduler/bind",
-            {
-                "PodName": meta["name"],
-                "PodNamespace": meta["namespace"],
-                "PodUID": meta["uid"],
-                "Node": node,
-            },
-        )
+        response = gas.post("/scheduler/bind", binding_args(pod, node))
         status = response.status_code
         error = str(response.json().get("Error", ""))
     except Exception as exc:  # a sample that got no answer is no answer

@@ -23,7 +23,7 @@ from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.h2client import MAX_CONCURRENT_STREAMS, H2Client
 from tests.support.ledger_checks import gas_serving, ledger_of
-from tests.support.objects import gpu_node, gpu_pod
+from tests.support.objects import binding_args, gpu_node, gpu_pod
 from tests.support.promtext import total
 
 MAX_BODY = 256 * 1024
@@ -56,14 +56,7 @@ def pod_body(name: str) -> dict[str, Any]:
 
 def bind_body(pod: dict[str, Any], node: str) -> bytes:
     """A bind of `pod` to `node` as kube-scheduler writes it."""
-    meta = pod["metadata"]
-    bind = {
-        "PodName": meta["name"],
-        "PodNamespace": meta["namespace"],
-        "PodUID": meta["uid"],
-        "Node": node,
-    }
-    return json.dumps(bind).encode()
+    return json.dumps(binding_args(pod, node)).encode()
 
 
 def http1(

@@ -27,7 +27,7 @@ from gas.tools.audit import check_invariants, in_flight
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.ledger_checks import assert_consistent, ledger_of, wait_for_nodes
-from tests.support.objects import container, gpu_node, gpu_pod
+from tests.support.objects import binding_args, container, gpu_node, gpu_pod
 from tests.support.polling import wait_for
 from tests.support.scheduler import Outcome, SchedulerEmulator
 from tests.support.workload import FaultMix, Workload
@@ -225,14 +225,7 @@ def test_a_small_soak_outlasts_a_tiny_base_timeout() -> None:
 
 
 def bind_pod(gas: GasProcess, pod: dict[str, Any], node: str) -> str:
-    meta = pod["metadata"]
-    body = {
-        "PodName": meta["name"],
-        "PodNamespace": meta["namespace"],
-        "PodUID": meta["uid"],
-        "Node": node,
-    }
-    response = gas.post("/scheduler/bind", body)
+    response = gas.post("/scheduler/bind", binding_args(pod, node))
     assert response.status_code == 200, response.text
     error: str = response.json()["Error"]
     return error

@@ -1,10 +1,10 @@
 """Builders for tests, and the constants they share.
 
 Three forms: Kubernetes objects as the API server stores them (JSON dicts: `gpu_node`,
-`container`, `gpu_pod`, `bound_pod`), the plainer objects gas's core reads in unit tests
-(`make_node`, `ctr`, `pod_object`: allocatable and requests only) and gas's own node
-record (`card_node`). Resource keys are short names (`i915`, `memory_max`, `millicores`)
-that `res` expands.
+`container`, `gpu_pod`, `bound_pod`; `binding_args` binds one), the plainer objects gas's
+core reads in unit tests (`make_node`, `ctr`, `pod_object`: allocatable and requests only)
+and gas's own node record (`card_node`). Resource keys are short names (`i915`,
+`memory_max`, `millicores`) that `res` expands.
 """
 
 from __future__ import annotations
@@ -92,6 +92,18 @@ def bound_pod(
     return gpu_pod(
         name, *containers, namespace=namespace, node=node, annotations=annotations, phase=phase
     )
+
+
+def binding_args(pod: Mapping[str, Any], node: str) -> dict[str, str]:
+    """ExtenderBindingArgs binding `pod` (its name, namespace and UID) to `node`, as
+    kube-scheduler sends them."""
+    meta = pod["metadata"]
+    return {
+        "PodName": meta["name"],
+        "PodNamespace": meta["namespace"],
+        "PodUID": meta["uid"],
+        "Node": node,
+    }
 
 
 # ---------------------------------------------------------------- as gas's core reads them
