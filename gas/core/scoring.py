@@ -157,21 +157,7 @@ def placeable_pods(
     sizes: Iterable[PodSize] = POD_SIZES,
 ) -> dict[str, dict[str, int]]:
     """Per node name (sorted): size name -> pods of that size still placeable there."""
-    blocked = blocked or {}
-    sizes = tuple(sizes)
-    result: dict[str, dict[str, int]] = {}
-    for node in sorted(nodes, key=lambda n: n.name):
-        result[node.name] = {
-            size.name: placeable(
-                node,
-                usage.get(node.name, {}),
-                size,
-                blocked=blocked.get(node.name, frozenset()),
-                node_blocked=node.name in blocked_nodes,
-            )
-            for size in sizes
-        }
-    return result
+    return PlaceableMemo(sizes).placeable_pods(nodes, usage, blocked, blocked_nodes)
 
 
 def cluster_placeable(
