@@ -36,9 +36,9 @@ setup(
         "pyyaml>=6.0",
         "prometheus-client>=0.20",
         "numpy>=2.0",
-        # gas/serving/http2.py: HTTP/2's framing, HPACK and flow control (pure Python);
-        # its H2Connection API as 4 has it.
-        "h2>=4.1,<5",
+        # gas/serving/h2protocol.py: HTTP/2's header compression (HPACK); the framing and
+        # flow control are gas's own, a server's part of the protocol only.
+        "hpack>=4.0,<5",
     ],
     extras_require={
         "labeler": ["pyudev>=0.24"],
@@ -48,6 +48,8 @@ setup(
         "test": [
             "pytest>=8.0",
             "pytest-timeout>=2.3",
+            # The HTTP/2 client of the tests (tests/support/h2client.py, test_h2protocol).
+            "h2>=4.1,<5",
             "hypothesis>=6.100",
             "ruff>=0.6",
             "mypy>=1.10",

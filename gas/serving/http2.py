@@ -6,7 +6,7 @@ to filters, kube-scheduler opens further ones and drops them, a new mutual-TLS h
 for about every third pod. Over HTTP/2 it multiplexes every call on a single connection.
 
 One thread (the worker's, which took the connection) reads the connection for its life
-and runs the protocol (the `h2` package), so each open HTTP/2 connection holds one of the
+and runs the protocol (`gas.serving.h2protocol`), so each open HTTP/2 connection holds one of the
 worker's threads (kube-scheduler opens one; an idle one is closed after the keep-alive
 time). A POST the app takes as `routes.DIRECT_POST` is answered there, as over HTTP/1.1:
 in the reader's thread for the paths that wait on nothing (`Settings.inline`), else on a
@@ -39,17 +39,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
-import hyperframe.frame
 from gunicorn import http as gunicorn_http  # type: ignore[import-untyped]
 from gunicorn import sock as gunicorn_sock
 
-from gas.serving import direct
+from gas.serving import direct, h2protocol
 
 __all__ = [
     "MAX_STREAMS",
@@ -119,22 +112,14 @@ class _Connection:
         self.client = client
         self.settings = settings
         self.lock = threading.Lock()
-        # What arrives is checked in full (a malformed header block never reaches the
-        # app); its cookie fields are joined by `_wsgi`, not by h2. What goes out is the
-        # app's status and headers, made lower case, stripped and rid of hop-by-hop
-        # fields in `_send`: h2's own passes over them would do that work again.
-        self.h2 = h2.connection.H2Connection(
-            h2.config.H2Configuration(
-                client_side=False,
-                header_encoding=None,
-                validate_outbound_headers=False,
-                normalize_outbound_headers=False,
-                normalize_inbound_headers=False,
-            )
+        self.h2 = h2protocol.ServerConnection(
+            self,
+            max_streams=MAX_STREAMS,
+            window=_WINDOW,
+            max_header_list=settings.header_limit,
         )
         self.streams: dict[int, _Stream] = {}
         self.in_flight = 0
-        self.last_taken = 0
         self.closing = False
         self.inline: list[_Stream] = []
 
@@ -152,37 +137,67 @@ class _Connection:
     def _push(self, stream: _Stream) -> None:
         """Sends what the window allows of the stream's waiting reply, the end with it."""
         while stream.pending:
-            window = min(
-                self.h2.local_flow_control_window(stream.stream_id),
-                self.h2.max_outbound_frame_size,
-            )
+            window = min(self.h2.window(stream.stream_id), self.h2.max_outbound_frame_size)
             if window <= 0:
                 return
             chunk, stream.pending = stream.pending[:window], stream.pending[window:]
             self.h2.send_data(stream.stream_id, chunk, end_stream=not stream.pending)
-        self._done(stream)
-
-    def _done(self, stream: _Stream) -> None:
         self.streams.pop(stream.stream_id, None)
-        if not stream.ended:
-            # Answered before the whole body came (413): the client is to stop sending.
-            self.h2.reset_stream(stream.stream_id, h2.errors.ErrorCodes.NO_ERROR)
+
+    # The protocol's calls (h2protocol.Listener), made while it reads, under the lock.
+
+    def request(self, stream_id: int, headers: list[tuple[bytes, bytes]], end_stream: bool) -> None:
+        stream = _Stream(stream_id, headers, ended=end_stream)
+        for name, value in headers:
+            if name == b":method":
+                stream.method = value.decode("latin-1")
+            elif name == b":path":
+                stream.path = value.decode("latin-1")
+            elif name == b"content-length":
+                stream.declared = int(value)  # digits: the protocol checked it
+        self.streams[stream_id] = stream
+        limit = self.settings.body_limit
+        if end_stream or (
+            limit is not None and stream.declared is not None and stream.declared > limit
+        ):
+            self._dispatch(stream)  # over the limit: the app refuses it unread, as over HTTP/1.1
+
+    def data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            return
+        if end_stream:
+            stream.ended = True
+        if stream.dispatched:
+            return
+        stream.body.write(data)
+        limit = self.settings.body_limit
+        if end_stream or (limit is not None and stream.body.tell() > limit):
+            self._dispatch(stream)
+
+    def reset(self, stream_id: int) -> None:
+        stream = self.streams.pop(stream_id, None)
+        if stream is not None:
+            stream.reset = True
+
+    def window_opened(self, stream_id: int) -> None:
+        if stream_id == 0:
+            targets = list(self.streams.values())
+        else:
+            one = self.streams.get(stream_id)
+            targets = [] if one is None else [one]
+        for stream in targets:
+            if stream.pending:
+                self._push(stream)
+
+    def terminated(self) -> None:
+        pass  # self.h2.ended says so
 
     # The reader.
 
     def serve(self) -> None:
-        settings = self.settings
-        self.h2.local_settings = h2.settings.Settings(
-            client=False,
-            initial_values={
-                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: _WINDOW,
-                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: settings.header_limit,
-            },
-        )
         with self.lock:
-            self.h2.initiate_connection()
-            self.h2.increment_flow_control_window(_WINDOW)
+            self.h2.initiate()
             self._flush()
         poller = select.poll()
         poller.register(self.sock.fileno(), select.POLLIN)
@@ -201,17 +216,16 @@ class _Connection:
                     return
                 quiet_since = time.monotonic()
                 try:
-                    events = self.h2.receive_data(data)
-                except h2.exceptions.ProtocolError as exc:
+                    self.h2.receive(data)
+                except h2protocol.ConnectionFailed as exc:
                     log.info("HTTP/2 protocol error from %s: %s", self.client, exc)
-                    self._flush()  # the GOAWAY h2 queued
+                    self._flush()  # the GOAWAY
                     return
-                ended = self._handle(events)
                 self._flush()
                 inline, self.inline = self.inline, []
             for stream in inline:
                 self._answer(stream)
-            if ended:
+            if self.h2.ended:
                 return
 
     def _should_close(self, quiet_since: float) -> bool:
@@ -223,77 +237,10 @@ class _Connection:
                 return False
             if not self.closing:
                 self.closing = True
-                # Written past h2, whose state machine sends nothing more after its own
-                # GOAWAY: the streams taken are still to be answered.
+                # The streams taken are still answered; new ones are refused.
+                self.h2.goaway()
                 self._flush()
-                goaway = hyperframe.frame.GoAwayFrame(0)
-                goaway.last_stream_id = self.last_taken
-                self.sock.settimeout(_WRITE_TIMEOUT)
-                try:
-                    self.sock.sendall(goaway.serialize())
-                finally:
-                    self.sock.setblocking(False)
             return self.in_flight == 0
-
-    def _handle(self, events: list[h2.events.Event]) -> bool:
-        """Acts on the protocol's events: whether the connection ended."""
-        for event in events:
-            if isinstance(event, h2.events.RequestReceived):
-                self._received(event)
-            elif isinstance(event, h2.events.DataReceived):
-                self._data(event)
-            elif isinstance(event, h2.events.StreamEnded):
-                stream = self.streams.get(event.stream_id)
-                if stream is not None:
-                    stream.ended = True
-                    if not stream.dispatched:
-                        self._dispatch(stream)
-            elif isinstance(event, h2.events.StreamReset):
-                stream = self.streams.pop(event.stream_id, None)
-                if stream is not None:
-                    stream.reset = True
-            elif isinstance(event, h2.events.WindowUpdated):
-                targets = (
-                    list(self.streams.values())
-                    if event.stream_id == 0
-                    else [s for s in (self.streams.get(event.stream_id),) if s is not None]
-                )
-                for stream in targets:
-                    if stream.pending:
-                        self._push(stream)
-            elif isinstance(event, h2.events.ConnectionTerminated):
-                return True
-        return False
-
-    def _received(self, event: h2.events.RequestReceived) -> None:
-        headers = [(bytes(k), bytes(v)) for k, v in event.headers or ()]
-        stream = _Stream(event.stream_id, headers)
-        for name, value in headers:
-            if name == b":method":
-                stream.method = value.decode("latin-1")
-            elif name == b":path":
-                stream.path = value.decode("latin-1")
-            elif name == b"content-length" and value.isdigit():
-                stream.declared = int(value)
-        self.streams[event.stream_id] = stream
-        self.last_taken = max(self.last_taken, event.stream_id)
-        limit = self.settings.body_limit
-        if self.closing:
-            self.h2.reset_stream(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
-            self.streams.pop(event.stream_id)
-        elif limit is not None and stream.declared is not None and stream.declared > limit:
-            self._dispatch(stream)  # the app refuses it unread, as over HTTP/1.1
-
-    def _data(self, event: h2.events.DataReceived) -> None:
-        # The window is given back at once: the limit below bounds what a stream holds.
-        self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-        stream = self.streams.get(event.stream_id)
-        if stream is None or stream.dispatched:
-            return
-        stream.body.write(event.data or b"")
-        limit = self.settings.body_limit
-        if limit is not None and stream.body.tell() > limit:
-            self._dispatch(stream)
 
     def _dispatch(self, stream: _Stream) -> None:
         stream.dispatched = True
@@ -318,7 +265,7 @@ class _Connection:
                 log.exception("HTTP/2 request on stream %d failed", stream.stream_id)
                 status, headers, body = "500 INTERNAL SERVER ERROR", [], b""
             self._send(stream, status, headers, body)
-        except (OSError, h2.exceptions.ProtocolError) as exc:
+        except OSError as exc:
             # The peer reset the stream or the connection is gone: nothing to answer.
             log.debug("HTTP/2 stream %d not answered: %s", stream.stream_id, exc)
         finally:
@@ -338,9 +285,9 @@ class _Connection:
                 return
             if not body:
                 self.h2.send_headers(stream.stream_id, head, end_stream=True)
-                self._done(stream)
+                self.streams.pop(stream.stream_id, None)
             else:
-                self.h2.send_headers(stream.stream_id, head)
+                self.h2.send_headers(stream.stream_id, head, end_stream=False)
                 stream.pending = body
                 self._push(stream)
             self._flush()

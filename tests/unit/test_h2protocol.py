@@ -1,0 +1,484 @@
+"""gas's HTTP/2 server protocol against the `h2` package as the client: what a client sends
+reaches the listener whole and in order however the bytes are cut, answers come back as
+the client reads them, flow control holds both ways, and every way a client can break the
+protocol ends the connection (or the stream) with the code RFC 9113 gives."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
+import hpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gas.serving import h2protocol
+from gas.serving.h2protocol import ConnectionFailed, ServerConnection
+
+WINDOW = 1 << 20
+MAX_STREAMS = 8
+HEADER_LIMIT = 8190
+
+REQUEST = [
+    (b":method", b"POST"),
+    (b":scheme", b"https"),
+    (b":authority", b"127.0.0.1:9001"),
+    (b":path", b"/scheduler/filter"),
+    (b"content-type", b"application/json"),
+    (b"user-agent", b"kube-scheduler/v1.28.0"),
+    (b"accept-encoding", b"gzip"),
+]
+
+
+@dataclass
+class Recorder:
+    """The listener: every call, in order."""
+
+    calls: list[tuple[object, ...]] = field(default_factory=list)
+
+    def request(self, stream_id: int, headers: list[tuple[bytes, bytes]], end_stream: bool) -> None:
+        self.calls.append(("request", stream_id, headers, end_stream))
+
+    def data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+        self.calls.append(("data", stream_id, data, end_stream))
+
+    def reset(self, stream_id: int) -> None:
+        self.calls.append(("reset", stream_id))
+
+    def window_opened(self, stream_id: int) -> None:
+        self.calls.append(("window", stream_id))
+
+    def terminated(self) -> None:
+        self.calls.append(("terminated",))
+
+    def bodies(self) -> dict[int, bytes]:
+        out: dict[int, bytes] = {}
+        for call in self.calls:
+            if call[0] == "request":
+                out[call[1]] = b""  # type: ignore[index]
+            elif call[0] == "data":
+                out[call[1]] += call[2]  # type: ignore[index, operator]
+        return out
+
+
+class Pair:
+    """A server connection and an `h2` client wired together in memory."""
+
+    def __init__(self, max_header_list: int = HEADER_LIMIT) -> None:
+        self.listener = Recorder()
+        self.server = ServerConnection(
+            self.listener, max_streams=MAX_STREAMS, window=WINDOW, max_header_list=max_header_list
+        )
+        self.client = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=True, header_encoding=None)
+        )
+        self.client.local_settings = h2.settings.Settings(
+            client=True, initial_values={h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: 1 << 20}
+        )
+        self.client_events: list[h2.events.Event] = []
+        self.server.initiate()
+        self.client.initiate_connection()
+        self.to_server()
+        self.to_client()
+        self.to_server()
+
+    def to_server(self) -> None:
+        self.server.receive(self.client.data_to_send())
+
+    def to_client(self) -> list[h2.events.Event]:
+        events = self.client.receive_data(self.server.data_to_send())
+        self.client_events += events
+        return events
+
+    def post(self, body: bytes, headers: list[tuple[bytes, bytes]] = REQUEST) -> int:
+        stream_id = self.client.get_next_available_stream_id()
+        head = [*headers, (b"content-length", str(len(body)).encode())]
+        self.client.send_headers(stream_id, head, end_stream=not body)
+        if body:
+            self.client.send_data(stream_id, body, end_stream=True)
+        self.to_server()
+        return stream_id
+
+    def answer(self, stream_id: int, body: bytes) -> None:
+        head = [(b":status", b"200"), (b"content-type", b"application/json")]
+        self.server.send_headers(stream_id, head, end_stream=False)
+        self.server.send_data(stream_id, body, end_stream=True)
+
+    def responses(self) -> dict[int, tuple[list[tuple[bytes, bytes]], bytes, bool]]:
+        out: dict[int, tuple[list[tuple[bytes, bytes]], bytes, bool]] = {}
+        for event in self.client_events:
+            if isinstance(event, h2.events.ResponseReceived):
+                head = [(bytes(n), bytes(v)) for n, v in event.headers or ()]
+                out[event.stream_id or 0] = (head, b"", False)
+            elif isinstance(event, h2.events.DataReceived):
+                head, body, ended = out[event.stream_id or 0]
+                out[event.stream_id or 0] = (head, body + (event.data or b""), ended)
+            elif isinstance(event, h2.events.StreamEnded):
+                head, body, _ = out[event.stream_id or 0]
+                out[event.stream_id or 0] = (head, body, True)
+        return out
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes) -> bytes:
+    return struct.pack(">HBBBL", len(payload) >> 8, len(payload) & 0xFF, kind, flags, stream_id) + (
+        payload
+    )
+
+
+def goaway_code(data: bytes) -> int | None:
+    """The error code of the GOAWAY in `data` (frames the server queued), if any."""
+    offset = 0
+    while offset + 9 <= len(data):
+        high, low, kind, _, _ = struct.unpack_from(">HBBBL", data, offset)
+        length = (high << 8) | low
+        if kind == 0x7:
+            return int(struct.unpack_from(">L", data, offset + 13)[0])
+        offset += 9 + length
+    return None
+
+
+def rst_codes(data: bytes) -> dict[int, int]:
+    out: dict[int, int] = {}
+    offset = 0
+    while offset + 9 <= len(data):
+        high, low, kind, _, stream_id = struct.unpack_from(">HBBBL", data, offset)
+        length = (high << 8) | low
+        if kind == 0x3:
+            out[stream_id] = int(struct.unpack_from(">L", data, offset + 9)[0])
+        offset += 9 + length
+    return out
+
+
+def test_a_request_reaches_the_listener_and_its_answer_the_client() -> None:
+    pair = Pair()
+    body = b'{"Pod": {}, "NodeNames": ["a", "b"]}'
+    stream_id = pair.post(body)
+    assert pair.listener.calls[0] == (
+        "request",
+        stream_id,
+        [*REQUEST, (b"content-length", str(len(body)).encode())],
+        False,
+    )
+    assert pair.listener.calls[-1] == ("data", stream_id, body, True)
+    pair.answer(stream_id, b'{"NodeNames": ["a"]}')
+    pair.to_client()
+    head, answer, ended = pair.responses()[stream_id]
+    assert head[0] == (b":status", b"200") and answer == b'{"NodeNames": ["a"]}' and ended
+    assert pair.server.open_streams == 0
+
+
+def test_many_requests_decode_with_hpacks_table_in_step() -> None:
+    pair = Pair()
+    ids = []
+    for n in range(200):
+        ids.append(pair.post(f'{{"n": {n}}}'.encode()))
+        pair.answer(ids[-1], b"{}")
+        pair.to_client()
+    requests = [call for call in pair.listener.calls if call[0] == "request"]
+    assert [call[1] for call in requests] == ids
+    assert all(call[2][:7] == REQUEST for call in requests)  # type: ignore[index]
+    assert pair.listener.bodies() == {sid: f'{{"n": {n}}}'.encode() for n, sid in enumerate(ids)}
+    assert len(pair.responses()) == 200
+
+
+def test_a_header_block_in_continuation_frames_is_read_whole() -> None:
+    pair = Pair(max_header_list=1 << 16)
+    big = b"x" * 40000  # over two frames of 16 KiB
+    pair.post(b"{}", [*REQUEST, (b"x-big", big)])
+    request = pair.listener.calls[0]
+    assert request[0] == "request" and (b"x-big", big) in request[2]  # type: ignore[operator]
+
+
+def test_a_header_list_over_the_limit_ends_the_connection() -> None:
+    pair = Pair()
+    pair.client.send_headers(1, [*REQUEST, (b"x-big", b"x" * 9000)], end_stream=True)
+    with pytest.raises(ConnectionFailed) as failed:
+        pair.to_server()
+    assert failed.value.code == h2protocol.PROTOCOL_ERROR
+    assert pair.listener.calls == []
+
+
+def test_an_answer_larger_than_the_clients_window_waits_for_it() -> None:
+    pair = Pair()
+    pair.client.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1000})
+    pair.to_server()
+    pair.to_client()
+    stream_id = pair.post(b"{}")
+    pair.server.send_headers(stream_id, [(b":status", b"200")], end_stream=False)
+    assert pair.server.window(stream_id) == 1000
+    pair.server.send_data(stream_id, b"a" * 1000, end_stream=False)
+    assert pair.server.window(stream_id) == 0
+    pair.to_client()
+    pair.client.acknowledge_received_data(1000, stream_id)
+    pair.listener.calls.clear()
+    pair.to_server()
+    assert ("window", stream_id) in pair.listener.calls
+    assert pair.server.window(stream_id) == 1000
+    pair.server.send_data(stream_id, b"b" * 500, end_stream=True)
+    pair.to_client()
+    assert pair.responses()[stream_id][1:] == (b"a" * 1000 + b"b" * 500, True)
+
+
+def test_a_client_sending_far_more_than_the_window_is_never_held_up() -> None:
+    pair = Pair()
+    body = b"y" * 200_000
+    for _ in range(30):  # 6 MB, six times the window
+        stream_id = pair.client.get_next_available_stream_id()
+        pair.client.send_headers(stream_id, REQUEST)
+        for start in range(0, len(body), 16384):
+            # The client sends only within the window it has been given.
+            assert pair.client.local_flow_control_window(stream_id) >= 16384
+            pair.client.send_data(
+                stream_id, body[start : start + 16384], end_stream=start + 16384 >= len(body)
+            )
+            pair.to_server()
+            pair.to_client()
+        pair.answer(stream_id, b"{}")
+        pair.to_client()
+    assert sum(len(b) for b in pair.listener.bodies().values()) == 30 * len(body)
+
+
+def test_the_client_preface_must_come_first_and_with_settings() -> None:
+    for first in (
+        b"GET / HTTP/1.1\r\nHost: gas\r\n\r\n",
+        h2protocol.PREFACE + frame(8, 0, 0, b"\0\0\0\1"),
+    ):
+        server = ServerConnection(Recorder(), max_streams=4, window=WINDOW, max_header_list=8190)
+        with pytest.raises(ConnectionFailed) as failed:
+            server.receive(first)
+        assert failed.value.code == h2protocol.PROTOCOL_ERROR
+        assert goaway_code(server.data_to_send()) == h2protocol.PROTOCOL_ERROR
+
+
+def test_the_preface_may_come_a_byte_at_a_time() -> None:
+    listener = Recorder()
+    server = ServerConnection(listener, max_streams=4, window=WINDOW, max_header_list=8190)
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    client.send_headers(1, REQUEST, end_stream=True)
+    for byte in client.data_to_send():
+        server.receive(bytes([byte]))
+    assert listener.calls == [("request", 1, REQUEST, True)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=700), min_size=1, max_size=60))
+def test_however_the_bytes_are_cut_the_listener_hears_the_same(cuts: list[int]) -> None:
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    for n in range(3):
+        stream_id = client.get_next_available_stream_id()
+        body = bytes([65 + n]) * (300 * (n + 1))
+        client.send_headers(stream_id, [*REQUEST, (b"content-length", str(len(body)).encode())])
+        client.send_data(stream_id, body, end_stream=True)
+    wire = client.data_to_send()
+    whole = Recorder()
+    ServerConnection(whole, max_streams=4, window=WINDOW, max_header_list=8190).receive(wire)
+    cut = Recorder()
+    server = ServerConnection(cut, max_streams=4, window=WINDOW, max_header_list=8190)
+    offset = 0
+    for size in cuts:
+        server.receive(wire[offset : offset + size])
+        offset += size
+    server.receive(wire[offset:])
+    assert cut.bodies() == whole.bodies() and len(whole.bodies()) == 3
+    assert [c for c in cut.calls if c[0] == "request"] == [
+        c for c in whole.calls if c[0] == "request"
+    ]
+
+
+MALFORMED = {
+    "no-path": [h for h in REQUEST if h[0] != b":path"],
+    "empty-path": [(n, b"" if n == b":path" else v) for n, v in REQUEST],
+    "no-method": [h for h in REQUEST if h[0] != b":method"],
+    "upper-case": [*REQUEST, (b"Content-Length", b"0")],
+    "space-in-name": [*REQUEST, (b"x y", b"1")],
+    "hop-by-hop": [*REQUEST, (b"connection", b"keep-alive")],
+    "transfer-encoding": [*REQUEST, (b"transfer-encoding", b"chunked")],
+    "te-gzip": [*REQUEST, (b"te", b"gzip")],
+    "second-method": [*REQUEST, (b":method", b"GET")],
+    "pseudo-last": [(b"x-a", b"1"), *REQUEST],
+    "response-pseudo": [*REQUEST[:4], (b":status", b"200")],
+    "newline-in-value": [*REQUEST, (b"x-a", b"1\r\nx-b: 2")],
+    "leading-space": [*REQUEST, (b"x-a", b" 1")],
+    "bad-length": [*REQUEST, (b"content-length", b"12a")],
+    "two-lengths": [*REQUEST, (b"content-length", b"1"), (b"content-length", b"2")],
+}
+
+
+@pytest.mark.parametrize("head", list(MALFORMED.values()), ids=list(MALFORMED))
+def test_a_malformed_request_header_block_ends_the_connection_unheard(
+    head: list[tuple[bytes, bytes]],
+) -> None:
+    pair = Pair()
+    encoder = hpack.Encoder()
+    with pytest.raises(ConnectionFailed) as failed:
+        pair.server.receive(frame(0x1, 0x5, 1, encoder.encode(head)))
+    assert failed.value.code == h2protocol.PROTOCOL_ERROR
+    assert goaway_code(pair.server.data_to_send()) == h2protocol.PROTOCOL_ERROR
+    assert pair.listener.calls == []
+
+
+BROKEN_FRAMES = {
+    "data-on-connection": (frame(0x0, 0x1, 0, b"x"), h2protocol.PROTOCOL_ERROR),
+    "data-on-idle-stream": (frame(0x0, 0x1, 5, b"x"), h2protocol.PROTOCOL_ERROR),
+    "headers-on-connection": (frame(0x1, 0x5, 0, b"\x82"), h2protocol.PROTOCOL_ERROR),
+    "even-stream": (frame(0x1, 0x5, 2, hpack.Encoder().encode(REQUEST)), h2protocol.PROTOCOL_ERROR),
+    "settings-on-stream": (frame(0x4, 0, 7, b""), h2protocol.PROTOCOL_ERROR),
+    "settings-odd-length": (frame(0x4, 0, 0, b"\0\4\0"), h2protocol.FRAME_SIZE_ERROR),
+    "settings-ack-payload": (frame(0x4, 0x1, 0, b"\0\4\0\0\0\0"), h2protocol.FRAME_SIZE_ERROR),
+    "window-over-2^31": (frame(0x4, 0, 0, b"\0\4\x80\0\0\0"), h2protocol.FLOW_CONTROL_ERROR),
+    "frame-size-small": (frame(0x4, 0, 0, b"\0\5\0\0\0\1"), h2protocol.PROTOCOL_ERROR),
+    "enable-push-2": (frame(0x4, 0, 0, b"\0\2\0\0\0\2"), h2protocol.PROTOCOL_ERROR),
+    "push-promise": (frame(0x5, 0x4, 1, b"\0\0\0\2"), h2protocol.PROTOCOL_ERROR),
+    "ping-on-stream": (frame(0x6, 0, 1, b"12345678"), h2protocol.PROTOCOL_ERROR),
+    "ping-short": (frame(0x6, 0, 0, b"1234"), h2protocol.FRAME_SIZE_ERROR),
+    "continuation-alone": (frame(0x9, 0x4, 1, b"\x82"), h2protocol.PROTOCOL_ERROR),
+    "zero-window-update": (frame(0x8, 0, 0, b"\0\0\0\0"), h2protocol.PROTOCOL_ERROR),
+    "rst-on-connection": (frame(0x3, 0, 0, b"\0\0\0\0"), h2protocol.PROTOCOL_ERROR),
+    "rst-on-idle": (frame(0x3, 0, 9, b"\0\0\0\0"), h2protocol.PROTOCOL_ERROR),
+    "goaway-on-stream": (frame(0x7, 0, 1, b"\0" * 8), h2protocol.PROTOCOL_ERROR),
+    "oversized-frame": (frame(0x0, 0, 1, b"x" * 16385), h2protocol.FRAME_SIZE_ERROR),
+    "hpack-garbage": (frame(0x1, 0x5, 1, b"\xff\xff\xff\xff\xff"), h2protocol.COMPRESSION_ERROR),
+}
+
+
+@pytest.mark.parametrize("raw,code", list(BROKEN_FRAMES.values()), ids=list(BROKEN_FRAMES))
+def test_a_frame_breaking_the_protocol_ends_the_connection_with_its_code(
+    raw: bytes, code: int
+) -> None:
+    pair = Pair()
+    with pytest.raises(ConnectionFailed) as failed:
+        pair.server.receive(raw)
+    assert failed.value.code == code
+    assert goaway_code(pair.server.data_to_send()) == code
+    assert pair.listener.calls == []
+
+
+def test_a_header_block_interrupted_by_another_frame_ends_the_connection() -> None:
+    pair = Pair()
+    block = hpack.Encoder().encode(REQUEST)
+    with pytest.raises(ConnectionFailed) as failed:
+        pair.server.receive(frame(0x1, 0x1, 1, block[:3]) + frame(0x6, 0, 0, b"12345678"))
+    assert failed.value.code == h2protocol.PROTOCOL_ERROR
+
+
+def test_more_streams_than_allowed_end_the_connection() -> None:
+    pair = Pair()
+    for _ in range(MAX_STREAMS):
+        pair.client.send_headers(pair.client.get_next_available_stream_id(), REQUEST)
+    pair.to_server()
+    encoder_block = hpack.Encoder().encode(REQUEST)  # a fresh table: literal fields only
+    assert len([c for c in pair.listener.calls if c[0] == "request"]) == MAX_STREAMS
+    fresh = Pair()
+    for n in range(MAX_STREAMS):
+        fresh.server.receive(frame(0x1, 0x4, 1 + 2 * n, hpack.Encoder().encode(REQUEST)))
+    with pytest.raises(ConnectionFailed) as failed:
+        fresh.server.receive(frame(0x1, 0x4, 1 + 2 * MAX_STREAMS, encoder_block))
+    assert failed.value.code == h2protocol.PROTOCOL_ERROR
+
+
+def test_a_body_longer_or_shorter_than_its_length_resets_only_its_stream() -> None:
+    pair = Pair()
+    for declared, sent in ((b"5", b"123456"), (b"5", b"1234")):
+        stream_id = pair.client.get_next_available_stream_id()
+        pair.client.send_headers(stream_id, [*REQUEST, (b"content-length", declared)])
+        pair.client.send_data(stream_id, sent, end_stream=True)
+        pair.to_server()
+        assert rst_codes(pair.server.data_to_send()) == {stream_id: h2protocol.PROTOCOL_ERROR}
+        assert pair.listener.calls[-1] == ("reset", stream_id)
+    good = pair.post(b"12345")
+    assert pair.listener.calls[-1] == ("data", good, b"12345", True)
+
+
+def test_a_client_reset_reaches_the_listener_and_its_answer_is_dropped() -> None:
+    pair = Pair()
+    stream_id = pair.post(b"{}")
+    pair.client.reset_stream(stream_id)
+    pair.to_server()
+    assert pair.listener.calls[-1] == ("reset", stream_id)
+    pair.answer(stream_id, b"late")
+    assert pair.server.data_to_send() == b""
+
+
+def test_an_answer_before_the_body_ended_resets_the_stream_with_no_error() -> None:
+    pair = Pair()
+    stream_id = pair.client.get_next_available_stream_id()
+    pair.client.send_headers(stream_id, REQUEST)
+    pair.client.send_data(stream_id, b"partial")
+    pair.to_server()
+    pair.server.send_headers(stream_id, [(b":status", b"413")], end_stream=True)
+    assert rst_codes(pair.server.data_to_send()) == {stream_id: h2protocol.NO_ERROR}
+    # What the client still had in flight is dropped, and the connection goes on.
+    pair.server.receive(frame(0x0, 0x1, stream_id, b"rest"))
+    assert pair.listener.calls[-1] == ("data", stream_id, b"partial", False)
+    assert pair.post(b"{}") == stream_id + 2
+
+
+def test_trailers_end_the_request_and_are_not_read() -> None:
+    pair = Pair()
+    stream_id = pair.client.get_next_available_stream_id()
+    pair.client.send_headers(stream_id, REQUEST)
+    pair.client.send_data(stream_id, b"{}")
+    pair.client.send_headers(stream_id, [(b"x-checksum", b"1")], end_stream=True)
+    pair.to_server()
+    assert pair.listener.calls[-1] == ("data", stream_id, b"", True)
+
+
+def test_ping_is_answered_and_settings_acknowledged() -> None:
+    pair = Pair()
+    pair.client.ping(b"gas-ping")
+    pair.client.update_settings({h2.settings.SettingCodes.MAX_FRAME_SIZE: 32768})
+    pair.to_server()
+    events = pair.to_client()
+    assert any(
+        isinstance(e, h2.events.PingAckReceived) and e.ping_data == b"gas-ping" for e in events
+    )
+    assert any(isinstance(e, h2.events.SettingsAcknowledged) for e in events)
+    assert pair.server.max_outbound_frame_size == 32768
+
+
+def test_after_goaway_new_streams_are_refused_and_taken_ones_answered() -> None:
+    pair = Pair()
+    taken = pair.post(b"{}")
+    pair.server.goaway()
+    pair.to_client()
+    terminated = [e for e in pair.client_events if isinstance(e, h2.events.ConnectionTerminated)]
+    assert terminated and terminated[0].last_stream_id == taken
+    assert terminated[0].error_code == h2protocol.NO_ERROR
+    # A stream the client opened before it read the GOAWAY is refused.
+    pair.server.receive(frame(0x1, 0x5, taken + 2, hpack.Encoder().encode(REQUEST)))
+    assert rst_codes(pair.server.data_to_send()) == {taken + 2: h2protocol.REFUSED_STREAM}
+    pair.answer(taken, b"done")
+    assert pair.server.data_to_send()  # still answered
+
+
+def test_a_goaway_from_the_client_ends_reading() -> None:
+    pair = Pair()
+    pair.client.close_connection()
+    pair.to_server()
+    assert pair.server.ended and pair.listener.calls[-1] == ("terminated",)
+
+
+def test_frames_of_unknown_types_and_priorities_are_ignored() -> None:
+    pair = Pair()
+    pair.server.receive(frame(0xA, 0, 0, b"whatever") + frame(0x2, 0, 1, b"\0\0\0\0\x10"))
+    stream_id = pair.post(b"{}")
+    assert pair.listener.calls[-1] == ("data", stream_id, b"{}", True)
+
+
+def test_padded_frames_are_unpadded() -> None:
+    pair = Pair()
+    stream_id = pair.client.get_next_available_stream_id()
+    block = pair.client.encoder.encode([*REQUEST, (b"content-length", b"2")])
+    pair.server.receive(frame(0x1, 0x4 | 0x8, stream_id, b"\x0a" + block + b"\0" * 10))
+    pair.server.receive(frame(0x0, 0x1 | 0x8, stream_id, b"\x14{}" + b"\0" * 20))
+    assert pair.listener.calls == [
+        ("request", stream_id, [*REQUEST, (b"content-length", b"2")], False),
+        ("data", stream_id, b"{}", True),
+    ]
