@@ -352,8 +352,28 @@ def filter_result(
     }
 
 
-def host_priority_list(scores: Mapping[str, int]) -> list[dict[str, Any]]:
-    return [{"Host": name, "Score": value} for name, value in scores.items()]
+def host_priority_list(scores: Mapping[str, int]) -> orjson.Fragment:
+    """HostPriorityList, written: the JSON `encode` gives of
+    `[{"Host": name, "Score": score}, ...]`, byte for byte.
+
+    Under first fit every score is equal, and a dict per node (hundreds per prioritize)
+    costs more than the rest of the answer: then the names are written in one call and
+    the entries made around them. That takes names written without an escape (so without
+    a quote) and without a comma (the list's commas are its separators): in them a quote, a
+    comma and a quote can only end one name and start the next."""
+    names = orjson.dumps(list(scores))
+    values = set(scores.values())
+    if len(values) == 1 and b"\\" not in names and names.count(b",") == len(scores) - 1:
+        score = next(iter(values))
+        if type(score) is int:
+            tail = b',"Score":%d}' % score
+            between = b'"' + tail + b',{"Host":"'
+            return orjson.Fragment(
+                b'[{"Host":' + names[1:-1].replace(b'","', between) + tail + b"]"
+            )
+    return orjson.Fragment(
+        encode([{"Host": name, "Score": value} for name, value in scores.items()])
+    )
 
 
 def preemption_result(victims: Mapping[str, tuple[Sequence[str], int]]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import orjson
 import pytest
 
 from gas.cluster.demo import DemoCluster, load_demo_file
@@ -21,7 +22,8 @@ from gas.core.ledger import Ledger
 from gas.core.ledger_views import State
 from gas.core.model import ANNOTATION_CARDS, I915
 from gas.core.preemption import Victim
-from gas.serving.service import Extender, Options
+from gas.serving import wire
+from gas.serving.service import Extender, Options, Reply
 from gas.serving.wire import BindingArgs, ExtenderArgs, PreemptionArgs
 from tests.support.leases import Clock, FakeStore
 
@@ -316,11 +318,17 @@ def test_bind_of_a_pod_pushed_out_of_the_pod_memory_reads_the_cluster() -> None:
 # ---------------------------------------------------------------- prioritize
 
 
+def entries(reply: Reply) -> list[dict[str, Any]]:
+    """A prioritize's HostPriorityList as the scheduler reads it."""
+    value: list[dict[str, Any]] = orjson.loads(wire.encode(reply.body))
+    return value
+
+
 def test_prioritize_scores_fitting_nodes_under_binpack() -> None:
     binpack = Demo(options=Options(policy=Policy(placement="binpack")))
     reply = binpack.extender.prioritize(names_args(pod("small")))
 
-    scores = {entry["Host"]: entry["Score"] for entry in reply.body}
+    scores = {entry["Host"]: entry["Score"] for entry in entries(reply)}
     assert list(scores) == NODES
     assert scores["demo-cpu-only"] == 0
     # The fullest node that fits first: demo-2cards already holds a pod.
@@ -335,7 +343,7 @@ def test_prioritize_gives_zero_everywhere_under_first_fit_and_to_no_fit(demo: De
     fits = demo.extender.prioritize(names_args(pod("small")))
     huge = demo.extender.prioritize(names_args(pod("huge", memory="20Gi")))
 
-    assert [e["Score"] for e in fits.body] == [e["Score"] for e in huge.body] == [0] * 4
+    assert [e["Score"] for e in entries(fits)] == [e["Score"] for e in entries(huge)] == [0] * 4
     assert (fits.outcome.label, huge.outcome.label) == ("fit", "no_fit")
 
 
@@ -362,7 +370,7 @@ def test_prioritize_by_names_under_first_fit_answers_as_node_by_node(demo: Demo)
             ExtenderArgs(p, p["metadata"]["uid"], [o["metadata"]["name"] for o in known], known)
         )
         if len(known) == len(names):
-            assert by_names.body == by_nodes.body
+            assert entries(by_names) == entries(by_nodes)
             assert by_names.outcome.decision == by_nodes.outcome.decision
         assert by_names.outcome.label == by_nodes.outcome.label, p["metadata"]["name"]
         labels.append(by_names.outcome.label)
