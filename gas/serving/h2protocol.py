@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import NoReturn, Protocol
 
 import hpack
+from hpack.hpack import encode_integer
+from hpack.table import HeaderTable
 
 __all__ = [
     "CANCEL",
@@ -149,7 +151,6 @@ class ServerConnection:
         self._window = window
         self._max_header_list = max_header_list
         self._decoder = hpack.Decoder(max_header_list_size=max_header_list)
-        self._encoder = hpack.Encoder()
         self._out: list[bytes] = []
         self._buffer = b""
         self._preface_seen = False
@@ -228,7 +229,7 @@ class ServerConnection:
     ) -> None:
         if stream_id not in self._streams:
             return
-        block = self._encoder.encode(headers)
+        block = b"".join([_field(name, value) for name, value in headers])
         size = self.max_outbound_frame_size
         flags = _END_STREAM if end_stream else 0
         if len(block) <= size:
@@ -467,9 +468,7 @@ class ServerConnection:
             self._fail(FRAME_SIZE_ERROR, "SETTINGS not a whole number of settings")
         for offset in range(0, len(payload), 6):
             code, value = _SETTING.unpack_from(payload, offset)
-            if code == _HEADER_TABLE_SIZE:
-                self._encoder.header_table_size = value
-            elif code == _ENABLE_PUSH:
+            if code == _ENABLE_PUSH:
                 if value > 1:
                     self._fail(PROTOCOL_ERROR, "ENABLE_PUSH other than 0 or 1")
             elif code == _INITIAL_WINDOW_SIZE:
@@ -489,7 +488,8 @@ class ServerConnection:
                     self._fail(PROTOCOL_ERROR, "MAX_FRAME_SIZE out of range")
                 self.max_outbound_frame_size = value
             # MAX_CONCURRENT_STREAMS limits pushes, which gas never makes; the peer's
-            # MAX_HEADER_LIST_SIZE is advice, and gas's answers carry a few fields.
+            # MAX_HEADER_LIST_SIZE is advice, and gas's answers carry a few fields;
+            # HEADER_TABLE_SIZE bounds a table gas's answers never add to (`_field`).
         self._frame(_SETTINGS, _ACK, 0, b"")
 
     def _window_update(self, stream_id: int, payload: bytes) -> None:
@@ -542,6 +542,44 @@ class ServerConnection:
         self.ended = True
         self._frame(_GOAWAY, 0, 0, struct.pack(">LL", self._last_stream, code))
         raise ConnectionFailed(code, message)
+
+
+def _field(name: bytes, value: bytes) -> bytes:
+    """One answer header field in HPACK: the static table's entry when it holds the field
+    (`:status: 200`), else a literal not indexed, its name from the static table where it
+    is there. Never indexed, gas's fields leave the client's table as it is, so a field is
+    written the same each time and is written once (hpack's encoder took about 30 us an
+    answer)."""
+    key = (name, value)
+    written = _FIELDS.get(key)
+    if written is None:
+        if len(_FIELDS) >= _FIELDS_KEPT:
+            _FIELDS.clear()  # answers' lengths vary: a bound on what is kept
+        whole = _STATIC_FIELDS.get(key)
+        if whole is not None:
+            indexed = encode_integer(whole, 7)
+            indexed[0] |= 0x80
+            written = bytes(indexed)
+        else:
+            named = _STATIC_NAMES.get(name)
+            head = b"\x00" + _string(name) if named is None else bytes(encode_integer(named, 4))
+            written = head + _string(value)
+        _FIELDS[key] = written
+    return written
+
+
+def _string(data: bytes) -> bytes:
+    """An HPACK string literal, not Huffman coded."""
+    return bytes(encode_integer(len(data), 7)) + data
+
+
+# The static table (RFC 7541, appendix A), by field and by name (the first index of each).
+_STATIC_FIELDS = {field: index for index, field in enumerate(HeaderTable.STATIC_TABLE, start=1)}
+_STATIC_NAMES: dict[bytes, int] = {}
+for _index, (_name, _) in enumerate(HeaderTable.STATIC_TABLE, start=1):
+    _STATIC_NAMES.setdefault(_name, _index)
+_FIELDS: dict[tuple[bytes, bytes], bytes] = {}
+_FIELDS_KEPT = 4096
 
 
 def _check_request(headers: list[tuple[bytes, bytes]], fail: _Fail) -> int | None:

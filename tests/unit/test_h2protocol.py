@@ -482,3 +482,23 @@ def test_padded_frames_are_unpadded() -> None:
         ("request", stream_id, [*REQUEST, (b"content-length", b"2")], False),
         ("data", stream_id, b"{}", True),
     ]
+
+
+def test_answer_fields_decode_as_sent_and_leave_the_clients_table_empty() -> None:
+    pair = Pair()
+    stream_id = pair.post(b"{}")
+    head = [
+        (b":status", b"413"),  # not in the static table as a whole field
+        (b"content-type", b"application/json"),
+        (b"content-length", b"1234567"),
+        (b"x-gas-reason", b"r" * 300),  # a name of its own, a length over one byte
+    ]
+    pair.server.send_headers(stream_id, head, end_stream=True)
+    pair.to_client()
+    assert pair.responses()[stream_id] == (head, b"", True)
+    assert len(pair.client.decoder.header_table.dynamic_entries) == 0
+    # The same fields again are written the same (the client's table being unchanged).
+    second = pair.post(b"{}")
+    pair.server.send_headers(second, [(b":status", b"200"), *head[1:]], end_stream=True)
+    pair.to_client()
+    assert pair.responses()[second][0] == [(b":status", b"200"), *head[1:]]
