@@ -31,6 +31,10 @@ setup(
         # gas/kubeapi/prepared.py takes connections from the client's urllib3 2 pool.
         "urllib3>=2.0,<3",
         "orjson>=3.9",
+        # gas/kubeapi/prepared.py reads the API server's answers with it (llhttp, in C): the
+        # Binding's answer in 2 us, where http.client's email-based header parsing took 80 us
+        # of the bind's 0.33 ms of CPU.
+        "httptools>=0.6",
         "cryptography>=42.0",
         "requests>=2.31",
         "pyyaml>=6.0",

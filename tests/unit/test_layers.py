@@ -25,8 +25,9 @@ ALLOWED: dict[str, set[str]] = {
 }
 # Third-party packages each layer may use, where the layer is held to a list: the pure core
 # none that does I/O; the API calls shared by the extender and the node agent only what
-# both processes load anyway.
-THIRD_PARTY = {"core": {"numpy"}, "kubeapi": {"kubernetes", "urllib3", "orjson"}}
+# both processes load anyway, and httptools, which the prepared requests (the extender's
+# alone) read their answers with.
+THIRD_PARTY = {"core": {"numpy"}, "kubeapi": {"kubernetes", "urllib3", "orjson", "httptools"}}
 
 
 def _modules(layer: str) -> list[Path]:
