@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.verbs import as_served
 from benchmarks.workload import SHAPES, Shape, make_cluster, pod_object
 from gas.cluster.kube import KubeCluster, load_api_client
 from gas.core.allocator import Rejection
@@ -40,124 +41,19 @@ WAIT_SECONDS = 10.0
 
 
 def api_server_pod(name: str, uid: str, shape: Shape | None) -> dict[str, Any]:
-    """A pending pod as kube-apiserver v1.28 stores a created one: its defaults, the
-    service account's projected volume and the creator's managedFields; GPU limits of
-    `shape`, or none."""
+    """A pending pod as kube-apiserver v1.28 stores a created one (`benchmarks.verbs`'s
+    `as_served`: its defaults, the service account's projected volume and the creator's
+    managedFields), with UID `uid` and GPU limits of `shape`, or none."""
     if shape is None:
         pod = pod_object(name, uid, SHAPES[0])
         pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "100m"}}
     else:
         pod = pod_object(name, uid, shape)
-    container = pod["spec"]["containers"][0]
-    container.update(
-        command=["sleep", "3600"],
-        volumeMounts=[
-            {
-                "name": "kube-api-access-x7k2p",
-                "readOnly": True,
-                "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
-            }
-        ],
-        terminationMessagePath="/dev/termination-log",
-        terminationMessagePolicy="File",
-        imagePullPolicy="IfNotPresent",
-    )
-    pod["metadata"].update(
-        labels={"app": "bench", "run": name},
-        managedFields=[
-            {
-                "manager": "benchmark",
-                "operation": "Update",
-                "apiVersion": "v1",
-                "time": "2024-01-01T00:00:00Z",
-                "fieldsType": "FieldsV1",
-                "fieldsV1": {
-                    "f:metadata": {"f:labels": {".": {}, "f:app": {}, "f:run": {}}},
-                    "f:spec": {
-                        "f:containers": {
-                            'k:{"name":"app"}': {
-                                ".": {},
-                                "f:command": {},
-                                "f:image": {},
-                                "f:imagePullPolicy": {},
-                                "f:name": {},
-                                "f:resources": {".": {}, "f:limits": {}, "f:requests": {}},
-                                "f:terminationMessagePath": {},
-                                "f:terminationMessagePolicy": {},
-                            }
-                        },
-                        "f:dnsPolicy": {},
-                        "f:enableServiceLinks": {},
-                        "f:restartPolicy": {},
-                        "f:schedulerName": {},
-                        "f:securityContext": {},
-                        "f:terminationGracePeriodSeconds": {},
-                    },
-                },
-            }
-        ],
-    )
-    pod["spec"].update(
-        volumes=[
-            {
-                "name": "kube-api-access-x7k2p",
-                "projected": {
-                    "sources": [
-                        {
-                            "serviceAccountToken": {
-                                "expirationSeconds": 3607,
-                                "path": "token",
-                            }
-                        },
-                        {
-                            "configMap": {
-                                "name": "kube-root-ca.crt",
-                                "items": [{"key": "ca.crt", "path": "ca.crt"}],
-                            }
-                        },
-                        {
-                            "downwardAPI": {
-                                "items": [
-                                    {
-                                        "path": "namespace",
-                                        "fieldRef": {
-                                            "apiVersion": "v1",
-                                            "fieldPath": "metadata.namespace",
-                                        },
-                                    }
-                                ]
-                            }
-                        },
-                    ],
-                    "defaultMode": 420,
-                },
-            }
-        ],
-        restartPolicy="Always",
-        terminationGracePeriodSeconds=30,
-        dnsPolicy="ClusterFirst",
-        serviceAccountName="default",
-        serviceAccount="default",
-        securityContext={},
-        tolerations=[
-            {
-                "key": "node.kubernetes.io/not-ready",
-                "operator": "Exists",
-                "effect": "NoExecute",
-                "tolerationSeconds": 300,
-            },
-            {
-                "key": "node.kubernetes.io/unreachable",
-                "operator": "Exists",
-                "effect": "NoExecute",
-                "tolerationSeconds": 300,
-            },
-        ],
-        priority=0,
-        enableServiceLinks=True,
-        preemptionPolicy="PreemptLowerPriority",
-    )
-    pod["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+    pod = as_served(pod, 0)
+    metadata = pod["metadata"]
+    metadata["uid"] = uid
+    # Set by the API server on create, not by its client.
+    del metadata["resourceVersion"], metadata["creationTimestamp"]
     return pod
 
 

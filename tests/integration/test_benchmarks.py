@@ -11,6 +11,7 @@ import ssl
 import threading
 from pathlib import Path
 
+from benchmarks import kubewire
 from benchmarks.harness import GO_WRITE_BUFFER, Client, PythonClient
 from tests.support.benchrun import run_quick
 from tests.support.gasproc import TLSFiles
@@ -126,3 +127,11 @@ def test_the_benchmark_client_writes_requests_as_kube_scheduler_does(tls_files: 
     assert len(small) == 1
     assert large[0] == GO_WRITE_BUFFER and len(large) == 2
     assert len(python) == 2
+
+
+def test_the_api_path_benchmark_sees_every_event_and_bind() -> None:
+    # benchmarks.kubewire at a smoke size: each figure is CPU the watch thread or the
+    # binding caller really spent on what it measures (none is left at zero).
+    figures = kubewire.measure(pods=4, runs=1)
+    assert set(figures) >= {"gpu_added_ms", "gpu_bound_ms", "bind_ms", "status_only_ms"}
+    assert all(value > 0 for value in figures.values()), figures
