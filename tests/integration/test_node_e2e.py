@@ -109,6 +109,12 @@ def admitted(rigs: list[NodeRig], names: set[str], timeout: float = 30.0) -> Non
     wait_for(done, timeout=timeout, what=f"admission of {len(names)} pods")
 
 
+def i915_allocatable(apiserver: ApiServerDouble, node: str) -> str | None:
+    status = (apiserver.get_node(node) or {}).get("status") or {}
+    value = (status.get("allocatable") or {}).get("gpu.intel.com/i915")
+    return value if isinstance(value, str) else None
+
+
 def bind_all(
     scheduler: SchedulerEmulator, apiserver: ApiServerDouble, names: list[str], strict: bool = True
 ) -> list[str]:
@@ -210,6 +216,9 @@ def test_order_batches_deletion_and_restarts(
     rig.kubelet.restart()
     assert rig.kubelet.devices("gpu.intel.com/i915") == {}
     rig.wait_registered()
+    # The restart published 0 devices; the next pods are schedulable once the node shows
+    # them again (the kubelet writes its status after the plugin lists them).
+    wait_for(lambda: i915_allocatable(apiserver, "n1") == "30", what="n1's i915 published again")
     rig.kubelet.paused.clear()
     # the agent killed and started again between pods bound and admitted
     rig.kubelet.paused.set()
