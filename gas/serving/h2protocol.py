@@ -80,6 +80,8 @@ _MAX_FRAME_SIZE = 0x5
 _MAX_HEADER_LIST_SIZE = 0x6
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_TABLE_SIZE_ZERO = b"\x20"
+"""HPACK's dynamic table size update to 0 (RFC 7541, 6.3)."""
 _DEFAULT_WINDOW = 65535
 _DEFAULT_FRAME_SIZE = 16384
 _MAX_WINDOW = 2**31 - 1
@@ -93,8 +95,16 @@ _CONNECTION_FIELDS = frozenset(
 )
 _REQUEST_PSEUDO = frozenset({b":method", b":scheme", b":path", b":authority"})
 # A field name is lower case and holds no separator or control byte (RFC 9110, 5.1).
-_NAME_REFUSED = bytes(range(0x00, 0x21)) + b'"(),/;<=>?@[\\]{}\x7f' + bytes(range(0x41, 0x5B))
+_NAME_REFUSED = (
+    bytes(range(0x00, 0x21))
+    + b'"(),/:;<=>?@[\\]{}'
+    + bytes(range(0x41, 0x5B))
+    + bytes(range(0x7F, 0x100))
+)
 _VALUE_REFUSED = b"\x00\r\n"
+_LENGTH_DIGITS = 18
+"""A content-length longer than this is refused (no body is that long; and `int` reads at
+most 4,300 digits)."""
 _WHITESPACE = b" \t"
 
 
@@ -163,6 +173,12 @@ class ServerConnection:
         self._block_size = 0
         self._block_end_stream = False
         self._refusing = False
+        self._goaway_last: int | None = None
+        # An answer's first block starts by setting the client's table to 0 (RFC 7541,
+        # 4.2, 6.3), and so does the first after the client changes the table's size:
+        # gas indexes nothing, and a client that announced less than 4,096 bytes waits for
+        # a size update before it reads any block.
+        self._table_update = True
         self.ended = False
         # Flow control, in both directions (6.9).
         self._peer_window = _DEFAULT_WINDOW
@@ -230,6 +246,9 @@ class ServerConnection:
         if stream_id not in self._streams:
             return
         block = b"".join([_field(name, value) for name, value in headers])
+        if self._table_update:
+            self._table_update = False
+            block = _TABLE_SIZE_ZERO + block
         size = self.max_outbound_frame_size
         flags = _END_STREAM if end_stream else 0
         if len(block) <= size:
@@ -279,6 +298,7 @@ class ServerConnection:
         """Queues GOAWAY naming the last stream taken; streams opened after it are refused.
         The streams taken are still to be answered."""
         self._refusing = True
+        self._goaway_last = self._last_stream
         self._frame(_GOAWAY, 0, 0, struct.pack(">LL", self._last_stream, code))
 
     @property
@@ -320,6 +340,8 @@ class ServerConnection:
         elif kind == _PRIORITY:
             if not stream_id:
                 self._fail(PROTOCOL_ERROR, "PRIORITY on the connection")
+            if stream_id > self._last_stream or not stream_id % 2:
+                return  # on an idle stream: allowed, and no stream to reset (6.3)
             if len(payload) != 5:
                 self._reset(stream_id, FRAME_SIZE_ERROR)
             elif _UINT32.unpack_from(payload)[0] & _MAX_WINDOW == stream_id:
@@ -327,6 +349,8 @@ class ServerConnection:
         elif kind == _GOAWAY:
             if stream_id:
                 self._fail(PROTOCOL_ERROR, "GOAWAY on a stream")
+            if len(payload) < 8:
+                self._fail(FRAME_SIZE_ERROR, "GOAWAY shorter than 8 bytes")
             self.ended = True
             self._listener.terminated()
         elif kind == _PUSH_PROMISE:
@@ -334,7 +358,8 @@ class ServerConnection:
         # Frames of other types are ignored (5.5).
 
     def _idle_check(self, stream_id: int, what: str) -> None:
-        if stream_id > self._last_stream:
+        # A client's streams are odd: an even one is never opened, so always idle.
+        if stream_id > self._last_stream or not stream_id % 2:
             self._fail(PROTOCOL_ERROR, f"{what} on idle stream {stream_id}")
 
     def _unpad(self, flags: int, payload: bytes, what: str) -> bytes:
@@ -402,10 +427,13 @@ class ServerConnection:
         self._fragment(fragment, flags)
 
     def _fragment(self, fragment: bytes, flags: int) -> None:
-        self._block.append(fragment)
-        self._block_size += len(fragment)
+        if fragment:
+            self._block.append(fragment)
         # A block is bounded as its decoded list is: HPACK's literals are never longer
-        # than twice their text, and the limit is counted with 32 bytes a field.
+        # than twice their text, and the limit is counted with 32 bytes a field. Each
+        # frame's header counts too, so empty CONTINUATION frames cannot go on for ever
+        # (RFC 9113, 10.5).
+        self._block_size += len(fragment) + 9
         if self._block_size > 2 * self._max_header_list + _DEFAULT_FRAME_SIZE:
             self._fail(PROTOCOL_ERROR, "a header block over the header list limit")
         if flags & _END_HEADERS:
@@ -429,6 +457,9 @@ class ServerConnection:
                 self._fail(PROTOCOL_ERROR, "a second header block that does not end the stream")
             if any(name.startswith(b":") for name, _ in headers):
                 self._fail(PROTOCOL_ERROR, "a pseudo-header in trailers")
+            if stream.declared is not None and stream.received != stream.declared:
+                self._reset(stream_id, PROTOCOL_ERROR)  # body and content-length disagree
+                return
             stream.remote_ended = True
             self._listener.data(stream_id, b"", True)
             return
@@ -468,7 +499,9 @@ class ServerConnection:
             self._fail(FRAME_SIZE_ERROR, "SETTINGS not a whole number of settings")
         for offset in range(0, len(payload), 6):
             code, value = _SETTING.unpack_from(payload, offset)
-            if code == _ENABLE_PUSH:
+            if code == _HEADER_TABLE_SIZE:
+                self._table_update = True
+            elif code == _ENABLE_PUSH:
                 if value > 1:
                     self._fail(PROTOCOL_ERROR, "ENABLE_PUSH other than 0 or 1")
             elif code == _INITIAL_WINDOW_SIZE:
@@ -488,8 +521,7 @@ class ServerConnection:
                     self._fail(PROTOCOL_ERROR, "MAX_FRAME_SIZE out of range")
                 self.max_outbound_frame_size = value
             # MAX_CONCURRENT_STREAMS limits pushes, which gas never makes; the peer's
-            # MAX_HEADER_LIST_SIZE is advice, and gas's answers carry a few fields;
-            # HEADER_TABLE_SIZE bounds a table gas's answers never add to (`_field`).
+            # MAX_HEADER_LIST_SIZE is advice, and gas's answers carry a few fields.
         self._frame(_SETTINGS, _ACK, 0, b"")
 
     def _window_update(self, stream_id: int, payload: bytes) -> None:
@@ -540,7 +572,9 @@ class ServerConnection:
 
     def _fail(self, code: int, message: str) -> NoReturn:
         self.ended = True
-        self._frame(_GOAWAY, 0, 0, struct.pack(">LL", self._last_stream, code))
+        # A second GOAWAY never names a later stream than the first (RFC 9113, 6.8).
+        last = self._last_stream if self._goaway_last is None else self._goaway_last
+        self._frame(_GOAWAY, 0, 0, struct.pack(">LL", last, code))
         raise ConnectionFailed(code, message)
 
 
@@ -608,7 +642,11 @@ def _check_request(headers: list[tuple[bytes, bytes]], fail: _Fail) -> int | Non
             if name == b"te" and value != b"trailers":
                 fail(PROTOCOL_ERROR, "te other than trailers")
             if name == b"content-length":
-                if not value.isdigit() or (declared is not None and int(value) != declared):
+                if (
+                    not value.isdigit()
+                    or len(value) > _LENGTH_DIGITS
+                    or (declared is not None and int(value) != declared)
+                ):
                     fail(PROTOCOL_ERROR, "a content-length that is not one number")
                 declared = int(value)
         if value.translate(None, _VALUE_REFUSED) != value or (

@@ -308,6 +308,9 @@ MALFORMED = {
     "leading-space": [*REQUEST, (b"x-a", b" 1")],
     "bad-length": [*REQUEST, (b"content-length", b"12a")],
     "two-lengths": [*REQUEST, (b"content-length", b"1"), (b"content-length", b"2")],
+    "huge-length": [*REQUEST, (b"content-length", b"9" * 5000)],  # past int()'s digits
+    "non-ascii-name": [*REQUEST, (b"x\xe9", b"1")],
+    "colon-in-name": [*REQUEST, (b"a:b", b"1")],
 }
 
 
@@ -343,6 +346,7 @@ BROKEN_FRAMES = {
     "rst-on-connection": (frame(0x3, 0, 0, b"\0\0\0\0"), h2protocol.PROTOCOL_ERROR),
     "rst-on-idle": (frame(0x3, 0, 9, b"\0\0\0\0"), h2protocol.PROTOCOL_ERROR),
     "goaway-on-stream": (frame(0x7, 0, 1, b"\0" * 8), h2protocol.PROTOCOL_ERROR),
+    "goaway-short": (frame(0x7, 0, 0, b"\0" * 4), h2protocol.FRAME_SIZE_ERROR),
     "oversized-frame": (frame(0x0, 0, 1, b"x" * 16385), h2protocol.FRAME_SIZE_ERROR),
     "hpack-garbage": (frame(0x1, 0x5, 1, b"\xff\xff\xff\xff\xff"), h2protocol.COMPRESSION_ERROR),
 }
@@ -502,3 +506,82 @@ def test_answer_fields_decode_as_sent_and_leave_the_clients_table_empty() -> Non
     pair.server.send_headers(second, [(b":status", b"200"), *head[1:]], end_stream=True)
     pair.to_client()
     assert pair.responses()[second][0] == [(b":status", b"200"), *head[1:]]
+
+
+def test_empty_continuation_frames_cannot_grow_a_header_block_for_ever() -> None:
+    pair = Pair()
+    flood = frame(0x1, 0, 1, b"") + frame(0x9, 0, 1, b"") * 100_000
+    with pytest.raises(ConnectionFailed) as failed:
+        pair.server.receive(flood)
+    assert failed.value.code == h2protocol.PROTOCOL_ERROR
+    assert pair.listener.calls == []
+
+
+def first_block_byte(data: bytes) -> int:
+    """The first byte of the first HEADERS frame's header block in `data`."""
+    offset = 0
+    while offset + 9 <= len(data):
+        high, low, kind, _, _ = struct.unpack_from(">HBBBL", data, offset)
+        if kind == 0x1:
+            return data[offset + 9]
+        offset += 9 + ((high << 8) | low)
+    raise AssertionError("no HEADERS frame")
+
+
+def test_the_clients_table_is_set_to_zero_first_and_after_it_changes_size() -> None:
+    pair = Pair()
+    head = [(b":status", b"200")]
+    for expected in (0x20, 0x88):  # a size update to 0, then the field alone
+        stream_id = pair.post(b"{}")
+        pair.server.send_headers(stream_id, head, end_stream=True)
+        data = pair.server.data_to_send()
+        assert first_block_byte(data) == expected
+        pair.client.receive_data(data)
+    pair.client.update_settings({h2.settings.SettingCodes.HEADER_TABLE_SIZE: 256})
+    pair.to_server()
+    pair.to_client()
+    stream_id = pair.post(b"{}")
+    pair.server.send_headers(stream_id, head, end_stream=True)
+    data = pair.server.data_to_send()
+    assert first_block_byte(data) == 0x20
+    events = pair.client.receive_data(data)
+    assert any(isinstance(e, h2.events.ResponseReceived) for e in events)
+
+
+def test_trailers_ending_a_body_shorter_than_its_length_reset_the_stream() -> None:
+    pair = Pair()
+    stream_id = pair.client.get_next_available_stream_id()
+    pair.client.send_headers(stream_id, [*REQUEST, (b"content-length", b"100")])
+    pair.client.send_data(stream_id, b"0123456789")
+    pair.client.send_headers(stream_id, [(b"x-checksum", b"1")], end_stream=True)
+    pair.to_server()
+    assert rst_codes(pair.server.data_to_send()) == {stream_id: h2protocol.PROTOCOL_ERROR}
+    assert pair.listener.calls[-1] == ("reset", stream_id)
+    assert ("data", stream_id, b"", True) not in pair.listener.calls
+
+
+def test_a_later_goaway_never_names_a_later_stream() -> None:
+    pair = Pair()
+    taken = pair.post(b"{}")
+    pair.server.goaway()
+    pair.server.data_to_send()
+    # Refused after the GOAWAY: it must not raise the last stream a GOAWAY names.
+    pair.server.receive(frame(0x1, 0x5, taken + 2, hpack.Encoder().encode(REQUEST)))
+    pair.server.data_to_send()
+    with pytest.raises(ConnectionFailed):
+        pair.server.receive(frame(0x6, 0, 1, b"12345678"))  # PING on a stream
+    data = pair.server.data_to_send()
+    offset = data.index(b"\x07\x00\x00\x00\x00\x00") - 3  # the GOAWAY frame's header
+    assert struct.unpack_from(">L", data, offset + 9)[0] == taken
+
+
+def test_frames_on_idle_or_even_streams() -> None:
+    pair = Pair()
+    # A PRIORITY frame may name an idle stream, even a malformed one: nothing to reset.
+    pair.server.receive(frame(0x2, 0, 9, b"\0\0"))
+    assert rst_codes(pair.server.data_to_send()) == {}
+    pair.post(b"{}")
+    pair.post(b"{}")  # streams 1 and 3
+    with pytest.raises(ConnectionFailed) as failed:
+        pair.server.receive(frame(0x8, 0, 2, b"\0\0\0\1"))  # even: never opened
+    assert failed.value.code == h2protocol.PROTOCOL_ERROR
