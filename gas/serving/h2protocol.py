@@ -580,10 +580,10 @@ class ServerConnection:
 
 def _field(name: bytes, value: bytes) -> bytes:
     """One answer header field in HPACK: the static table's entry when it holds the field
-    (`:status: 200`), else a literal not indexed, its name from the static table where it
-    is there. Never indexed, gas's fields leave the client's table as it is, so a field is
-    written the same each time and is written once (hpack's encoder took about 30 us an
-    answer)."""
+    (`:status: 200`), else a literal without indexing (RFC 7541, 6.2.2), its name from the
+    static table where it is there. Added to no table, gas's fields leave the client's
+    table as it is, so a field is written the same each time and is written once (hpack's
+    encoder took about 30 us an answer)."""
     key = (name, value)
     written = _FIELDS.get(key)
     if written is None:
