@@ -132,9 +132,6 @@ class Listener(Protocol):
     def window_opened(self, stream_id: int) -> None:
         """The client opened its flow-control window: on the connection (0) or a stream."""
 
-    def terminated(self) -> None:
-        """The client sent GOAWAY: it opens no more streams."""
-
 
 @dataclass(slots=True)
 class _Stream:
@@ -271,28 +268,16 @@ class ServerConnection:
         return min(stream.send_window, self._peer_window)
 
     def send_data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
-        """Sends `data` on the stream as DATA frames; the caller keeps it within `window`."""
+        """Sends `data` on the stream as one DATA frame: the caller keeps it within `window`
+        and `max_outbound_frame_size`."""
         stream = self._streams.get(stream_id)
         if stream is None:
             return
-        size = self.max_outbound_frame_size
-        total = len(data)
-        stream.send_window -= total
-        self._peer_window -= total
-        if total <= size:
-            self._frame(_DATA, _END_STREAM if end_stream else 0, stream_id, data)
-        else:
-            for start in range(0, total, size):
-                last = end_stream and start + size >= total
-                self._frame(
-                    _DATA, _END_STREAM if last else 0, stream_id, data[start : start + size]
-                )
+        stream.send_window -= len(data)
+        self._peer_window -= len(data)
+        self._frame(_DATA, _END_STREAM if end_stream else 0, stream_id, data)
         if end_stream:
             self._close(stream_id)
-
-    def reset_stream(self, stream_id: int, code: int) -> None:
-        if self._streams.pop(stream_id, None) is not None:
-            self._frame(_RST_STREAM, 0, stream_id, _UINT32.pack(code))
 
     def goaway(self, code: int = NO_ERROR) -> None:
         """Queues GOAWAY naming the last stream taken; streams opened after it are refused.
@@ -351,8 +336,7 @@ class ServerConnection:
                 self._fail(PROTOCOL_ERROR, "GOAWAY on a stream")
             if len(payload) < 8:
                 self._fail(FRAME_SIZE_ERROR, "GOAWAY shorter than 8 bytes")
-            self.ended = True
-            self._listener.terminated()
+            self.ended = True  # the client opens no more streams: the owner stops reading
         elif kind == _PUSH_PROMISE:
             self._fail(PROTOCOL_ERROR, "PUSH_PROMISE from a client")
         # Frames of other types are ignored (5.5).

@@ -190,9 +190,6 @@ class _Connection:
             if stream.pending:
                 self._push(stream)
 
-    def terminated(self) -> None:
-        pass  # self.h2.ended says so
-
     # The reader.
 
     def serve(self) -> None:
