@@ -6,6 +6,7 @@
     .venv/bin/python -m benchmarks.endtoend --noPrioritize  # and gas without prioritize
     .venv/bin/python -m benchmarks.endtoend --baseline DIR  # and gas from the tree DIR
     .venv/bin/python -m benchmarks.endtoend --profile DIR   # py-spy stacks of gas, per burst
+    .venv/bin/python -m benchmarks.endtoend --perf DIR      # perf of the Go processes, per burst
 
 A real control plane (etcd, kube-apiserver v1.28, `tests/support/realk8s.py`) holds N fake
 GPU nodes of 4 to 8 cards (the labels and allocatable resources gas reads) and running pods
@@ -448,6 +449,7 @@ class Bench:
         gas_args: Sequence[str],
         profile: Path | None = None,
         baseline: str | None = None,
+        perf: Path | None = None,
     ) -> None:
         self.plane = plane
         self.api = Api(plane)
@@ -458,6 +460,7 @@ class Bench:
         self.pods = pods
         self.settle_s = settle_s
         self.profile = profile
+        self.perf = perf
         self.baseline = baseline
         self.gas_args = list(gas_args)
         self.rounds = 0
@@ -568,6 +571,7 @@ class Bench:
         # Read before the CPU clock starts: the metrics' exposition is not the burst's work.
         requests_before, connections_before = gas_counts(gas) if gas else ({}, float("nan"))
         spy = self._profiler(worker, name) if worker else None
+        perfs = self._perf(name, {"scheduler": scheduler.pid, "apiserver": apiserver.pid})
         gas_before = thread_ticks(worker) if worker else {}
         scheduler_before = process_ticks(scheduler.pid)
         apiserver_before = process_ticks(apiserver.pid)
@@ -597,9 +601,10 @@ class Bench:
         scheduler_after = process_ticks(scheduler.pid)
         apiserver_after = process_ticks(apiserver.pid)
         machine_after = machine_ticks()
-        if spy is not None:
-            spy.send_signal(signal.SIGINT)
-            spy.wait(timeout=60)
+        for recorder in ([spy] if spy is not None else []) + perfs:
+            recorder.send_signal(signal.SIGINT)
+        for recorder in ([spy] if spy is not None else []) + perfs:
+            recorder.wait(timeout=120)
         names = thread_names(worker) if worker else {}
         watch.stop()
         watch.join(timeout=10)
@@ -642,6 +647,23 @@ class Bench:
         log.close()
         time.sleep(1)  # attached before the burst
         return spy_process
+
+    def _perf(self, name: str, pids: dict[str, int]) -> list[subprocess.Popen[bytes]]:
+        """`perf record -g` of each process over the burst (with --perf), into
+        <perf>/<round>-<process>.data; `perf report -i FILE --no-children` reads one."""
+        perf = shutil.which("perf")
+        if self.perf is None or perf is None:
+            return []
+        self.perf.mkdir(parents=True, exist_ok=True)
+        recorders = []
+        for process, pid in pids.items():
+            output = self.perf / f"{name}-{process}.data"
+            command = [perf, "record", "-F", "499", "-g", "-p", str(pid), "-o", str(output)]
+            log = open(self.perf / f"{name}-{process}.perf.log", "wb")  # noqa: SIM115
+            recorders.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
+            log.close()
+        time.sleep(1)  # attached before the burst
+        return recorders
 
     def _check(self, result: Round, name: str) -> None:
         if result.mode == "alone":
@@ -800,6 +822,7 @@ def run_rounds(
             args.gasArgs.split(),
             Path(args.profile) if args.profile else None,
             args.baseline,
+            Path(args.perf) if args.perf else None,
         )
         for _ in range(args.rounds):
             for mode in modes:
@@ -848,6 +871,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gasArgs", default="", help="extra `gas serve` flags (one string)")
     parser.add_argument(
         "--profile", help="directory for py-spy stacks of gas over each burst (py-spy on PATH)"
+    )
+    parser.add_argument(
+        "--perf",
+        help="directory for `perf record -g` of kube-scheduler and kube-apiserver over each "
+        "burst (perf on PATH)",
     )
     parser.add_argument("--keep", help="working directory to keep (logs), else a temporary one")
     parser.add_argument("--quick", action="store_true", help="smoke size: 20 nodes, 30 pods")
