@@ -260,11 +260,14 @@ def two_nodes_one_busy(apiserver: ApiServerDouble) -> None:
     apiserver.add_pod(held_pod())
 
 
-def scores(reply: Any) -> dict[str, int]:
+def scores(reply: Any, names: list[str]) -> dict[str, int]:
+    """The scores as kube-scheduler reads them: a node left out of the list gets 0, so the
+    list names only the others."""
     assert isinstance(reply, list)
     assert all(set(entry) == {"Host", "Score"} for entry in reply)
-    assert all(type(entry["Score"]) is int for entry in reply)
-    return {entry["Host"]: entry["Score"] for entry in reply}
+    assert all(type(entry["Score"]) is int and entry["Score"] != 0 for entry in reply)
+    assert all(entry["Host"] in names for entry in reply)
+    return dict.fromkeys(names, 0) | {entry["Host"]: entry["Score"] for entry in reply}
 
 
 def test_prioritize_wire_format_in_both_modes(
@@ -280,9 +283,14 @@ def test_prioritize_wire_format_in_both_modes(
     )
     assert response.status_code == 200
     assert response.headers["Content-Type"] == "application/json"
-    assert [entry["Host"] for entry in response.json()] == ["node-b", "node-a", "ghost"]
+    # In the order given, the unknown node left out (it scores 0).
+    assert [entry["Host"] for entry in response.json()] == ["node-b", "node-a"]
     # node-a after: memory 6G/16G, i915 2/8 -> 5/16 -> 3; node-b: 2/16, 1/8 -> 1.
-    assert scores(response.json()) == {"node-a": 3, "node-b": 1, "ghost": 0}
+    assert scores(response.json(), ["node-b", "node-a", "ghost"]) == {
+        "node-a": 3,
+        "node-b": 1,
+        "ghost": 0,
+    }
     # Full Node objects (nodeCacheCapable: false), lower-case keys accepted.
     items = [n for n in apiserver.list_nodes() if n["metadata"]["name"] in ("node-a", "node-b")]
     spread_pod = apiserver.add_pod(
@@ -295,11 +303,11 @@ def test_prioritize_wire_format_in_both_modes(
     reply = gas.post(
         "/scheduler/prioritize", {"pod": spread_pod, "nodes": {"items": items}, "NodeNames": None}
     ).json()
-    assert scores(reply) == {"node-a": 7, "node-b": 9}
+    assert scores(reply, ["node-a", "node-b"]) == {"node-a": 7, "node-b": 9}
     # A pod that fits nowhere scores 0; bad requests get 400 as filter does.
     huge = apiserver.add_pod(gpu_pod("huge", container(i915="1", memory_max=str(9 * G))))
     reply = gas.post("/scheduler/prioritize", {"Pod": huge, "NodeNames": ["node-a"]}).json()
-    assert scores(reply) == {"node-a": 0}
+    assert reply == []
     assert gas.post("/scheduler/prioritize", {"Pod": "x", "NodeNames": []}).status_code == 400
     assert gas.post("/scheduler/prioritize", {"Pod": new}).status_code == 400
     # A malformed gas-policy annotation: filter says why, prioritize answers 0s.
@@ -307,7 +315,7 @@ def test_prioritize_wire_format_in_both_modes(
         gpu_pod("bad", container(i915="1"), annotations={"gas-policy": "tightest"})
     )
     reply = gas.post("/scheduler/prioritize", {"Pod": bad, "NodeNames": ["node-a", "node-b"]})
-    assert reply.status_code == 200 and scores(reply.json()) == {"node-a": 0, "node-b": 0}
+    assert reply.status_code == 200 and reply.json() == []
     filtered = gas.post("/scheduler/filter", {"Pod": bad, "NodeNames": ["node-a"]}).json()
     assert filtered["NodeNames"] == []
     assert "gas-policy" in filtered["FailedAndUnresolvableNodes"]["node-a"]
@@ -324,21 +332,21 @@ def test_prioritize_wire_format_in_both_modes(
     assert metric(text, "gas_placeable_pods", size="two-cards") == 1
 
 
-def test_first_fit_prioritize_gives_equal_scores(
+def test_first_fit_prioritize_scores_every_node_0(
     gas: GasProcess, apiserver: ApiServerDouble
 ) -> None:
     two_nodes_one_busy(apiserver)
     wait_for_nodes(gas, "node-a", "node-b")
     new = apiserver.add_pod(gpu_pod("new", container(i915="1", memory_max=str(2 * G))))
     reply = gas.post("/scheduler/prioritize", {"Pod": new, "NodeNames": ["node-a", "node-b"]})
-    assert scores(reply.json()) == {"node-a": 0, "node-b": 0}
+    assert reply.json() == []  # every node scores 0: none is listed
     # The annotation alone turns binpack on for this pod.
     packed = apiserver.add_pod(
         gpu_pod("packed", container(i915="1", memory_max=str(2 * G)), annotations=BIN)
     )
     wait_for_held(gas)
     reply = gas.post("/scheduler/prioritize", {"Pod": packed, "NodeNames": ["node-a", "node-b"]})
-    assert scores(reply.json()) == {"node-a": 3, "node-b": 1}
+    assert scores(reply.json(), ["node-a", "node-b"]) == {"node-a": 3, "node-b": 1}
 
 
 def apiserver_uid(apiserver: ApiServerDouble, name: str) -> str:
