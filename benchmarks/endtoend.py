@@ -571,7 +571,11 @@ class Bench:
         # Read before the CPU clock starts: the metrics' exposition is not the burst's work.
         requests_before, connections_before = gas_counts(gas) if gas else ({}, float("nan"))
         spy = self._profiler(worker, name) if worker else None
-        perfs = self._perf(name, {"scheduler": scheduler.pid, "apiserver": apiserver.pid})
+        perfs = self._perf(
+            name,
+            {"scheduler": scheduler.pid, "apiserver": apiserver.pid}
+            | ({"gas": worker} if worker else {}),
+        )
         gas_before = thread_ticks(worker) if worker else {}
         scheduler_before = process_ticks(scheduler.pid)
         apiserver_before = process_ticks(apiserver.pid)
@@ -650,7 +654,8 @@ class Bench:
 
     def _perf(self, name: str, pids: dict[str, int]) -> list[subprocess.Popen[bytes]]:
         """`perf record -g` of each process over the burst (with --perf), into
-        <perf>/<round>-<process>.data; `perf report -i FILE --no-children` reads one."""
+        <perf>/<round>-<process>.data; `perf report -i FILE --no-children` reads one (gas's
+        Python frames show as the interpreter's: its native and kernel time apart)."""
         perf = shutil.which("perf")
         if self.perf is None or perf is None:
             return []
@@ -874,8 +879,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--perf",
-        help="directory for `perf record -g` of kube-scheduler and kube-apiserver over each "
-        "burst (perf on PATH)",
+        help="directory for `perf record -g` of kube-scheduler, kube-apiserver and gas's worker "
+        "over each burst (perf on PATH)",
     )
     parser.add_argument("--keep", help="working directory to keep (logs), else a temporary one")
     parser.add_argument("--quick", action="store_true", help="smoke size: 20 nodes, 30 pods")

@@ -30,7 +30,7 @@ from gas.core.allocator import (
     place,
     summarize,
 )
-from gas.core.answers import AnswerCache, request_shape
+from gas.core.answers import REQUEST_FIELDS, AnswerCache, request_shape
 from gas.core.holdings import PodHolding, PodObservation, observe_pod
 from gas.core.ledger import Ledger
 from gas.core.model import (
@@ -42,6 +42,7 @@ from gas.core.model import (
     ANNOTATION_XELINK,
     I915,
     TILES,
+    ContainerNeed,
     NodeGpu,
     PodRequest,
     SpecError,
@@ -506,6 +507,34 @@ def test_idle_answer_remembered_per_kind(data: st.DataObject) -> None:
             fits = answers.idle.get(cache.kind(other))
             if fits is not None:
                 assert fits == fits_idle(other, request, policy)
+
+
+def test_request_shape_tells_apart_requests_that_differ_in_any_field() -> None:
+    """Answers are shared between requests of one shape: each field must be in it."""
+    assert tuple(f.name for f in dataclasses.fields(PodRequest)) == REQUEST_FIELDS
+    base = PodRequest(
+        (ContainerNeed("a", 1, {I915: 1, MEMORY: 4}), ContainerNeed("b", 1, {I915: 1})),
+        same_gpu=("a",),
+    )
+    variants = [
+        dataclasses.replace(base, containers=base.containers[::-1]),
+        dataclasses.replace(base, containers=(ContainerNeed("a", 1, {MEMORY: 4, I915: 1}),)),
+        dataclasses.replace(base, allow=frozenset({"card0"})),
+        dataclasses.replace(base, deny=frozenset({"card1"})),
+        dataclasses.replace(base, same_gpu=("a", "b")),
+        dataclasses.replace(base, xelink=True),
+        dataclasses.replace(base, single_numa=True),
+        dataclasses.replace(base, problems={"gas-allow": "bad"}),
+        dataclasses.replace(base, policy="binpack"),
+    ]
+    shapes = [request_shape(r) for r in [base, *variants]]
+    assert len(set(shapes)) == len(shapes)
+    # Container names outside a same-GPU group do not count; equal requests are equal.
+    renamed = dataclasses.replace(
+        base, containers=(base.containers[0], ContainerNeed("z", 1, {I915: 1}))
+    )
+    assert request_shape(renamed) == request_shape(base)
+    assert request_shape(dataclasses.replace(base)) == request_shape(base)
 
 
 def test_idle_answer_shared_by_nodes_of_one_kind() -> None:
