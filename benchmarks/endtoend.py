@@ -25,7 +25,8 @@ main thread apart from the rest), gas's requests per pod by verb (its metrics) a
 connections gas accepted meanwhile (its `gas_connections_total`: kube-scheduler's, and the
 benchmark's reader of gas's metrics should its kept-alive connection close),
 kube-scheduler's, kube-apiserver's and the whole machine's busy CPU per pod (on two cores,
-2,000 ms of CPU a second bounds the pods per second), and the cards: with gas,
+2,000 ms of CPU a second bounds the pods per second) and how much of that the hypervisor
+gave to others (steal), and the cards: with gas,
 every bound pod's cards against capacity (gas.tools.audit.check_invariants); alone, the
 pods that no card could hold (first fit on the cards left, in bind order), which the
 scheduler cannot see. Prints Markdown tables; never fails on time.
@@ -250,13 +251,14 @@ def thread_ticks(pid: int) -> dict[int, int]:
     return ticks
 
 
-def machine_ticks() -> int:
+def machine_ticks() -> tuple[int, int]:
     """CPU time every core of the machine spent busy (not idle or waiting for I/O), in
     clock ticks: the three processes, etcd, the benchmark's own clients and anything else
-    running."""
+    running; and of it the time the hypervisor gave the virtual cores' turn to others
+    (steal), which makes everything on the machine look slower."""
     with open("/proc/stat") as f:
         user, nice, system, _idle, _iowait, irq, softirq, steal = f.readline().split()[1:9]
-    return sum(int(v) for v in (user, nice, system, irq, softirq, steal))
+    return sum(int(v) for v in (user, nice, system, irq, softirq, steal)), int(steal)
 
 
 def process_ticks(pid: int) -> int:
@@ -334,6 +336,7 @@ class Round:
     scheduler_cpu_ms: float = float("nan")
     apiserver_cpu_ms: float = float("nan")
     machine_cpu_ms: float = float("nan")
+    steal_ms: float = float("nan")
     no_card_fits: int = 0
     requests: dict[str, float] = field(default_factory=dict)
     connections: float = float("nan")
@@ -621,7 +624,8 @@ class Bench:
         result.latencies_s = [t - created[pod] for pod, (t, _) in bound.items()]
         result.scheduler_cpu_ms = (scheduler_after - scheduler_before) * tick_ms
         result.apiserver_cpu_ms = (apiserver_after - apiserver_before) * tick_ms
-        result.machine_cpu_ms = (machine_after - machine_before) * tick_ms
+        result.machine_cpu_ms = (machine_after[0] - machine_before[0]) * tick_ms
+        result.steal_ms = (machine_after[1] - machine_before[1]) * tick_ms
         if worker:
             groups: dict[str, float] = {}
             for tid, ticks in gas_after.items():
@@ -711,6 +715,7 @@ def rounds_table(rounds: Sequence[Round]) -> list[str]:
         "scheduler CPU ms/pod",
         "apiserver CPU ms/pod",
         "machine CPU ms/pod",
+        "of it stolen ms/pod",
         "no card fits",
         "over-committed",
     ]
@@ -730,6 +735,7 @@ def rounds_table(rounds: Sequence[Round]) -> list[str]:
             fmt(r.scheduler_cpu_ms / per_pod, 2),
             fmt(r.apiserver_cpu_ms / per_pod, 2),
             fmt(r.machine_cpu_ms / per_pod, 2),
+            fmt(r.steal_ms / per_pod, 2),
             str(r.no_card_fits) if r.mode == "alone" else "n/a",
             str(len(r.over_commit)) if r.mode != "alone" else "n/a",
         ]

@@ -31,6 +31,7 @@ def test_quick_run_schedules_every_pod_alone_and_with_gas(tmp_path: Path) -> Non
     # The machine ran at least the scheduler and the API server.
     for result in rounds.values():
         assert result["machine_cpu_ms"] >= result["scheduler_cpu_ms"] + result["apiserver_cpu_ms"]
+        assert 0 <= result["steal_ms"] <= result["machine_cpu_ms"]
     assert rounds["alone"]["gas_cpu_ms"] == {}
     # The connections gas accepted during the burst, from its metrics: kube-scheduler's
     # HTTP/2 connection opened with the warm-up pod, so few or none.
