@@ -209,6 +209,8 @@ class _Face:
             _child(self._rejections, self._metrics.rejections, reason).inc(count)
         for verdict, count in outcome.verdicts.items():
             _child(self._verdicts, self._metrics.preempt_nodes, verdict).inc(count)
+        if outcome.unscored:
+            self._metrics.unscored_binds.labels(outcome.unscored).inc()
         if line is not None:
             decisions.info(line)
         status = 503 if outcome.label in (NOT_SYNCED, INACTIVE) else 200

@@ -51,6 +51,14 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.unscored_binds = Counter(
+            "gas_unscored_binds",
+            "Pods bound whose placement policy scores nodes (binpack, spread) when "
+            "kube-scheduler asked gas for no scores after gas's filter passed two or more "
+            "nodes: the policy chose the cards, not the node. Register the prioritize verb.",
+            ["policy"],
+            registry=self.registry,
+        )
         # The cluster side's counters, in this registry.
         self.sync = SyncCounters(self.registry)
         self.ledger_rebuilds = self.sync.ledger_rebuilds

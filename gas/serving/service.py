@@ -9,6 +9,7 @@ carries internal failures and refused binds only.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -38,6 +39,8 @@ from gas.core.model import (
 )
 from gas.serving import wire
 from gas.serving.wire import BindingArgs, ExtenderArgs, PreemptionArgs
+
+log = logging.getLogger(__name__)
 
 # Outcome labels, as counted in gas_requests{outcome}.
 FIT = "fit"
@@ -84,6 +87,9 @@ class Outcome:
     rejections: Mapping[str, int] = field(default_factory=dict)
     # Preempt candidate nodes, by verdict (gas_preempt_nodes).
     verdicts: Mapping[str, int] = field(default_factory=dict)
+    # A bind's pod whose placement policy scores nodes, placed without gas's scores: the
+    # policy (gas_unscored_binds).
+    unscored: str = ""
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,8 @@ class Extender:
                 results = self._ledger.check(ask, candidates, args.uid)
                 judged = judge(names, list(map(results.__getitem__, names)))
         passed, failed, unresolvable, counts = judged
+        if args.uid is not None:
+            self._memory.filtered(args.uid, len(passed))
         reasons = sorted_counts(counts)
         decision = decision_record(
             "filter",
@@ -169,6 +177,8 @@ class Extender:
         the pod does not fit on, and pods that cannot be read, get 0. Reserves nothing."""
         if not self._cluster.synced():
             return self._unavailable()
+        if args.uid is not None:
+            self._memory.scored(args.uid)
         names = args.names
         scores = dict.fromkeys(names, 0)
         fitting = 0
@@ -271,7 +281,7 @@ class Extender:
         }
         node = args.node
         try:
-            cards = self._bind(args)
+            cards, unscored = self._bind(args)
         except _BindFailed as failure:
             error = failure.message
             decision = decision_record("bind", pod_ref, node=node, result="error", error=error)
@@ -286,10 +296,21 @@ class Extender:
         if self._options.bind_events:
             message = f"gas gave {describe(cards)} on {node}"
             self._notify(pod_ref, "Normal", "GPUsAllocated", message)
-        return Reply(wire.error_result(""), Outcome(BOUND, decision))
+        if unscored:
+            message = (
+                f"placement policy {unscored} chose the cards on {node} but not the node: "
+                "kube-scheduler asked gas for no scores after gas's filter passed several "
+                "nodes (register gas's prioritize verb in the scheduler's extender "
+                "configuration)"
+            )
+            log.warning("pod %s/%s: %s", args.pod_namespace, args.pod_name, message)
+            self._notify(pod_ref, "Warning", "GPUPolicyNotScored", message)
+        return Reply(wire.error_result(""), Outcome(BOUND, decision, unscored=unscored))
 
-    def _bind(self, args: BindingArgs) -> str:
-        """The cards given to the pod, bound; raises `_BindFailed` when it is not."""
+    def _bind(self, args: BindingArgs) -> tuple[str, str]:
+        """The cards given to the pod, bound, and its placement policy when that scores
+        nodes and kube-scheduler asked for no scores (else ""); raises `_BindFailed` when
+        it is not bound."""
         uid, node = args.pod_uid, args.node
         pod = self._pod_to_bind(args)
         try:
@@ -316,8 +337,12 @@ class Extender:
                 f"binding outcome unknown, cards stay held until the cluster shows: {exc}",
             ) from None
         self._ledger.commit(uid)
+        # kube-scheduler asks for scores whenever two or more nodes are left after the
+        # filters: a policy that scores them went unheard when none were asked for.
+        mode = self._options.policy.placement_for(ask)
+        unscored = mode if mode != FIRST_FIT and self._memory.unscored(uid) >= 2 else ""
         self._memory.forget(uid)
-        return cards
+        return cards, unscored
 
     def _pod_to_bind(self, args: BindingArgs) -> dict[str, Any]:
         """The pod named, from the last filter call or else the API server, with the UID
@@ -408,34 +433,63 @@ def describe(cards: str) -> str:
 
 
 class PodMemory:
-    """Pods from recent filter calls by UID, so bind does not wait for the watch."""
+    """Pods from recent filter calls by UID, so bind does not wait for the watch; and, for
+    each, how many nodes its last filter passed and whether a prioritize followed."""
 
     def __init__(self, seconds: float, size: int) -> None:
         self._seconds = seconds
         self._size = size
         self._lock = threading.Lock()
-        self._pods: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
+        self._pods: OrderedDict[str, _Remembered] = OrderedDict()
 
     def remember(self, uid: str, pod: dict[str, Any]) -> None:
         with self._lock:
-            self._pods[uid] = (time.monotonic() + self._seconds, pod)
+            self._pods[uid] = _Remembered(time.monotonic() + self._seconds, pod)
             self._pods.move_to_end(uid)
             while len(self._pods) > self._size:
                 self._pods.popitem(last=False)
+
+    def filtered(self, uid: str, passed: int) -> None:
+        """The pod's filter passed `passed` nodes: no prioritize has followed it yet."""
+        with self._lock:
+            item = self._pods.get(uid)
+            if item is not None:
+                item.passed, item.scored = passed, False
+
+    def scored(self, uid: str) -> None:
+        """A prioritize of the pod came."""
+        with self._lock:
+            item = self._pods.get(uid)
+            if item is not None:
+                item.scored = True
+
+    def unscored(self, uid: str) -> int:
+        """The nodes the pod's last filter passed when no prioritize followed it, else 0."""
+        with self._lock:
+            item = self._pods.get(uid)
+            return item.passed if item is not None and not item.scored else 0
 
     def recall(self, uid: str) -> dict[str, Any] | None:
         with self._lock:
             item = self._pods.get(uid)
             if item is None:
                 return None
-            if item[0] < time.monotonic():
+            if item.expires < time.monotonic():
                 del self._pods[uid]
                 return None
-            return item[1]
+            return item.pod
 
     def forget(self, uid: str) -> None:
         with self._lock:
             self._pods.pop(uid, None)
+
+
+@dataclass
+class _Remembered:
+    expires: float
+    pod: dict[str, Any]
+    passed: int = 0
+    scored: bool = False
 
 
 class EventLimiter:

@@ -349,6 +349,42 @@ def test_first_fit_prioritize_scores_every_node_0(
     assert scores(reply.json(), ["node-a", "node-b"]) == {"node-a": 3, "node-b": 1}
 
 
+def test_a_binpack_pod_bound_without_a_prioritize_is_told_of(
+    gas: GasProcess, apiserver: ApiServerDouble
+) -> None:
+    """A scheduler configured without gas's prioritize verb: the binpack pod's node is
+    kube-scheduler's choice. The Event, the metric and the log say so; the bind stands."""
+    two_nodes_one_busy(apiserver)
+    wait_for_nodes(gas, "node-a", "node-b")
+    names = ["node-a", "node-b"]
+    heard = apiserver.add_pod(gpu_pod("heard", container(i915="1"), annotations=BIN))
+    assert (
+        gas.post("/scheduler/filter", {"Pod": heard, "NodeNames": names}).json()["NodeNames"]
+        == names
+    )
+    gas.post("/scheduler/prioritize", {"Pod": heard, "NodeNames": names})
+    assert gas.bind(heard, "node-a") == ""
+    unheard = apiserver.add_pod(gpu_pod("unheard", container(i915="1"), annotations=BIN))
+    assert (
+        gas.post("/scheduler/filter", {"Pod": unheard, "NodeNames": names}).json()["NodeNames"]
+        == names
+    )
+    assert gas.bind(unheard, "node-b") == ""
+
+    def warned() -> list[dict[str, Any]]:
+        return [e for e in apiserver.events if e["reason"] == "GPUPolicyNotScored"]
+
+    wait_for(warned, what="the GPUPolicyNotScored Event")
+    (event,) = warned()
+    assert event["type"] == "Warning" and event["involvedObject"]["name"] == "unheard"
+    assert "binpack" in event["message"] and "node-b" in event["message"]
+    text = gas.session.get(gas.url + "/metrics", timeout=5).text
+    assert metric(text, "gas_unscored_binds_total", policy="binpack") == 1
+    log = gas.log()
+    assert "pod default/unheard: placement policy binpack chose the cards on node-b" in log
+    assert "pod default/heard:" not in log
+
+
 def apiserver_uid(apiserver: ApiServerDouble, name: str) -> str:
     found = apiserver.get_pod("default", name)
     assert found is not None

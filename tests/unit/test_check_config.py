@@ -27,6 +27,8 @@ GAS_V1: dict[str, Any] = {
         {
             "urlPrefix": "https://gas-extender.gas-system.svc:9001",
             "filterVerb": "scheduler/filter",
+            "prioritizeVerb": "scheduler/prioritize",
+            "weight": 1,
             "bindVerb": "scheduler/bind",
             "enableHTTPS": True,
             "nodeCacheCapable": True,
@@ -234,7 +236,8 @@ def test_gas_policy_configmap_is_recognised_and_its_problems_named(
     result.only("WARNING", f"{base}.ignorable", "binder", "no effect on bind")
     result.only("WARNING", f"{base}.tlsConfig", "enableHttps", "caFile")
     result.only("WARNING", f"{base}.managedResources", "gpu.intel.com/xe")
-    assert len(result.lines) == 4
+    result.only("WARNING", f"{base}.prioritizeVerb", "missing", "GPUPolicyNotScored")
+    assert len(result.lines) == 5
     newer = check(capsys, FIXTURES / "gas-policy-configmap.yaml", version="1.28")
     assert newer.status == 1
     newer.only("ERROR", "data[policy.cfg].kind", "removed in Kubernetes 1.23")
@@ -422,6 +425,7 @@ def test_verbs_must_reach_gas_routes(capsys: pytest.CaptureFixture[str], tmp_pat
     config = v1(
         urlPrefix="https://gas-extender.gas-system.svc:9001/scheduler/",
         filterVerb="filter",
+        prioritizeVerb="prioritize",
         bindVerb="bind",
     )
     assert lint(capsys, tmp_path, config).lines == ["OK"]
@@ -442,6 +446,10 @@ def test_prioritize_and_preempt_must_reach_gas(
     assert result.findings("WARNING", "extenders[0].prioritizeVerb") == []
     result = lint(capsys, tmp_path, v1(prioritizeVerb="scheduler/priorities", weight=1))
     result.only("WARNING", "extenders[0].prioritizeVerb", "every score would be lost")
+    # Without it, binpack and spread pods are bound without gas choosing their node.
+    result = lint(capsys, tmp_path, v1(prioritizeVerb=None, weight=None))
+    assert result.status == 0
+    result.only("WARNING", "extenders[0].prioritizeVerb", "missing", "choose the cards but not")
     assert lint(capsys, tmp_path, v1(preemptVerb="scheduler/preempt")).lines == ["OK"]
     # A failed preempt call aborts preemption, unless the extender is ignorable.
     result = lint(capsys, tmp_path, v1(preemptVerb="scheduler/preemption"))
@@ -450,6 +458,7 @@ def test_prioritize_and_preempt_must_reach_gas(
     config = v1(
         urlPrefix="https://gas-extender.gas-system.svc:9001/scheduler",
         filterVerb="filter",
+        prioritizeVerb="prioritize",
         bindVerb="bind",
         preemptVerb="preempt",
     )

@@ -315,6 +315,51 @@ def test_bind_of_a_pod_pushed_out_of_the_pod_memory_reads_the_cluster() -> None:
     assert small.extender.bind(bind_args(second, "demo-1card")).outcome.label == "bound"
 
 
+def test_a_scoring_policy_bound_without_a_prioritize_warns() -> None:
+    """kube-scheduler asks for scores whenever two or more nodes are left after the
+    filters; with no prioritize verb registered it never does, and a binpack or spread
+    pod lands where kube-scheduler's own scores put it. gas says so at the bind."""
+    binpack = Demo(options=Options(policy=Policy(placement="binpack")))
+    lone = pod("lone")
+    passed = binpack.extender.filter(names_args(lone)).body["NodeNames"]
+    assert len(passed) >= 2
+    reply = binpack.extender.bind(bind_args(lone, passed[0]))
+    assert (reply.outcome.label, reply.outcome.unscored) == ("bound", "binpack")
+    (event,) = binpack.events("GPUPolicyNotScored")
+    assert event["type"] == "Warning" and event["pod"] == "default/lone"
+    assert "binpack" in event["message"] and "prioritize" in event["message"]
+
+    # A prioritize after the filter: scored, no warning.
+    heard = pod("heard")
+    passed = binpack.extender.filter(names_args(heard)).body["NodeNames"]
+    binpack.extender.prioritize(names_args(heard, passed))
+    assert binpack.extender.bind(bind_args(heard, passed[0])).outcome.unscored == ""
+
+    # A filter that leaves one node: kube-scheduler rightly asks for no scores.
+    single = pod("single")
+    assert binpack.extender.filter(names_args(single, ["demo-1card"])).body["NodeNames"]
+    assert binpack.extender.bind(bind_args(single, "demo-1card")).outcome.unscored == ""
+
+    # A later filter of the pod wants its own prioritize: the earlier one does not count.
+    again = pod("again")
+    passed = binpack.extender.filter(names_args(again)).body["NodeNames"]
+    binpack.extender.prioritize(names_args(again, passed))
+    passed = binpack.extender.filter(names_args(again)).body["NodeNames"]
+    assert binpack.extender.bind(bind_args(again, passed[0])).outcome.unscored == "binpack"
+    assert len(binpack.events("GPUPolicyNotScored")) == 2
+
+
+def test_first_fit_and_pod_policies_warn_only_where_nodes_are_scored(demo: Demo) -> None:
+    plain = pod("plain")
+    passed = demo.extender.filter(names_args(plain)).body["NodeNames"]
+    assert demo.extender.bind(bind_args(plain, passed[0])).outcome.unscored == ""
+    spread = pod("spread-me")
+    spread["metadata"]["annotations"] = {"gas-policy": "spread"}
+    passed = demo.extender.filter(names_args(spread)).body["NodeNames"]
+    assert demo.extender.bind(bind_args(spread, passed[0])).outcome.unscored == "spread"
+    assert [e["pod"] for e in demo.events("GPUPolicyNotScored")] == ["default/spread-me"]
+
+
 # ---------------------------------------------------------------- prioritize
 
 

@@ -11,7 +11,7 @@ import ipaddress
 from urllib.parse import urlsplit
 
 from gas.core.durations import NANOSECONDS_PER_SECOND, format_seconds, parse_go_duration
-from gas.core.model import ANNOTATION_CARDS, I915, RESOURCE_PREFIX, XE
+from gas.core.model import ANNOTATION_CARDS, ANNOTATION_POLICY, I915, RESOURCE_PREFIX, XE
 from gas.serving import routes
 from gas.tools.certs import LOOPBACK_IPS
 from gas.tools.checkconfig.checker import Checker
@@ -414,7 +414,16 @@ def _gas_routes(checker: Checker, entry: LocatedMap, path: str) -> None:
                     line_of(entry, key),
                 )
     prioritize = entry.get("prioritizeVerb")
-    if isinstance(prioritize, str) and prioritize and not prioritize.startswith("/"):
+    if not prioritize:
+        checker.warning(
+            join_path(path, "prioritizeVerb"),
+            f"missing: binpack and spread (--policy or a pod's {ANNOTATION_POLICY} "
+            "annotation) choose the cards but not the node, and gas warns at each such bind "
+            f"(GPUPolicyNotScored); set prioritizeVerb: {routes.PRIORITIZE.rsplit('/', 1)[-1]!r} "
+            "unless every pod is placed first fit",
+            entry.line,
+        )
+    elif isinstance(prioritize, str) and not prioritize.startswith("/"):
         scored = f"{prefix_path}/{prioritize}" if prefix_path is not None else None
         if scored is not None and scored != routes.PRIORITIZE:
             # kube-scheduler ignores prioritize errors, so this fails silently.
