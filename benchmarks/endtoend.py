@@ -6,7 +6,7 @@
     .venv/bin/python -m benchmarks.endtoend --noPrioritize  # and gas without prioritize
     .venv/bin/python -m benchmarks.endtoend --baseline DIR  # and gas from the tree DIR
     .venv/bin/python -m benchmarks.endtoend --profile DIR   # py-spy stacks of gas, per burst
-    .venv/bin/python -m benchmarks.endtoend --perf DIR      # perf of the Go processes, per burst
+    .venv/bin/python -m benchmarks.endtoend --perf DIR      # perf of the three processes, per burst
 
 A real control plane (etcd, kube-apiserver v1.28, `tests/support/realk8s.py`) holds N fake
 GPU nodes of 4 to 8 cards (the labels and allocatable resources gas reads) and running pods
@@ -286,6 +286,13 @@ def thread_names(pid: int) -> dict[int, str]:
         if not ident.startswith("0x"):
             names[int(ident)] = name
     return names
+
+
+def _recorder(command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    """`command` started, its output in `log_path` (whose directory it makes)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
 
 
 def thread_group(tid: int, pid: int, names: dict[int, str]) -> str:
@@ -573,12 +580,14 @@ class Bench:
         ]
         # Read before the CPU clock starts: the metrics' exposition is not the burst's work.
         requests_before, connections_before = gas_counts(gas) if gas else ({}, float("nan"))
-        spy = self._profiler(worker, name) if worker else None
-        perfs = self._perf(
+        recorders = self._profiler(worker, name) if worker else []
+        recorders += self._perf(
             name,
             {"scheduler": scheduler.pid, "apiserver": apiserver.pid}
             | ({"gas": worker} if worker else {}),
         )
+        if recorders:
+            time.sleep(1)  # attached before the burst
         gas_before = thread_ticks(worker) if worker else {}
         scheduler_before = process_ticks(scheduler.pid)
         apiserver_before = process_ticks(apiserver.pid)
@@ -608,9 +617,9 @@ class Bench:
         scheduler_after = process_ticks(scheduler.pid)
         apiserver_after = process_ticks(apiserver.pid)
         machine_after = machine_ticks()
-        for recorder in ([spy] if spy is not None else []) + perfs:
+        for recorder in recorders:
             recorder.send_signal(signal.SIGINT)
-        for recorder in ([spy] if spy is not None else []) + perfs:
+        for recorder in recorders:
             recorder.wait(timeout=120)
         names = thread_names(worker) if worker else {}
         watch.stop()
@@ -640,21 +649,16 @@ class Bench:
                 if not cards.place(node, shapes[pod_name]):
                     result.no_card_fits += 1
 
-    def _profiler(self, worker: int, name: str) -> subprocess.Popen[bytes] | None:
+    def _profiler(self, worker: int, name: str) -> list[subprocess.Popen[bytes]]:
         """`py-spy record` of the gas worker over the burst (with --profile), its stacks
         collapsed, one line per stack and thread, into <profile>/<round>.txt."""
         spy = shutil.which("py-spy")
         if self.profile is None or spy is None:
-            return None
-        self.profile.mkdir(parents=True, exist_ok=True)
+            return []
         command = [spy, "record", "--pid", str(worker), "--rate", "200", "--threads", "--gil"]
         command += ["--nonblocking"]
         command += ["--format", "raw", "--output", str(self.profile / f"{name}.txt")]
-        log = open(self.profile / f"{name}.py-spy.log", "wb")  # noqa: SIM115 - the child's
-        spy_process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        time.sleep(1)  # attached before the burst
-        return spy_process
+        return [_recorder(command, self.profile / f"{name}.py-spy.log")]
 
     def _perf(self, name: str, pids: dict[str, int]) -> list[subprocess.Popen[bytes]]:
         """`perf record -g` of each process over the burst (with --perf), into
@@ -663,15 +667,11 @@ class Bench:
         perf = shutil.which("perf")
         if self.perf is None or perf is None:
             return []
-        self.perf.mkdir(parents=True, exist_ok=True)
         recorders = []
         for process, pid in pids.items():
-            output = self.perf / f"{name}-{process}.data"
-            command = [perf, "record", "-F", "499", "-g", "-p", str(pid), "-o", str(output)]
-            log = open(self.perf / f"{name}-{process}.perf.log", "wb")  # noqa: SIM115
-            recorders.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
-            log.close()
-        time.sleep(1)  # attached before the burst
+            data = str(self.perf / f"{name}-{process}.data")
+            command = [perf, "record", "-F", "499", "-g", "-p", str(pid), "-o", data]
+            recorders.append(_recorder(command, self.perf / f"{name}-{process}.perf.log"))
         return recorders
 
     def _check(self, result: Round, name: str) -> None:

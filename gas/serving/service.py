@@ -340,9 +340,9 @@ class Extender:
         # kube-scheduler asks for scores whenever two or more nodes are left after the
         # filters: a policy that scores them went unheard when none were asked for.
         mode = self._options.policy.placement_for(ask)
-        unscored = mode if mode != FIRST_FIT and self._memory.unscored(uid) >= 2 else ""
-        self._memory.forget(uid)
-        return cards, unscored
+        filtered = self._memory.forget(uid)
+        unheard = filtered is not None and not filtered.scored and filtered.passed >= 2
+        return cards, mode if mode != FIRST_FIT and unheard else ""
 
     def _pod_to_bind(self, args: BindingArgs) -> dict[str, Any]:
         """The pod named, from the last filter call or else the API server, with the UID
@@ -463,12 +463,6 @@ class PodMemory:
             if item is not None:
                 item.scored = True
 
-    def unscored(self, uid: str) -> int:
-        """The nodes the pod's last filter passed when no prioritize followed it, else 0."""
-        with self._lock:
-            item = self._pods.get(uid)
-            return item.passed if item is not None and not item.scored else 0
-
     def recall(self, uid: str) -> dict[str, Any] | None:
         with self._lock:
             item = self._pods.get(uid)
@@ -479,9 +473,10 @@ class PodMemory:
                 return None
             return item.pod
 
-    def forget(self, uid: str) -> None:
+    def forget(self, uid: str) -> _Remembered | None:
+        """Drop the pod; what was remembered of it."""
         with self._lock:
-            self._pods.pop(uid, None)
+            return self._pods.pop(uid, None)
 
 
 @dataclass

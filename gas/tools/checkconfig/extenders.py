@@ -419,7 +419,7 @@ def _gas_routes(checker: Checker, entry: LocatedMap, path: str) -> None:
             join_path(path, "prioritizeVerb"),
             f"missing: binpack and spread (--policy or a pod's {ANNOTATION_POLICY} "
             "annotation) choose the cards but not the node, and gas warns at each such bind "
-            f"(GPUPolicyNotScored); set prioritizeVerb: {routes.PRIORITIZE.rsplit('/', 1)[-1]!r} "
+            f"(GPUPolicyNotScored); set prioritizeVerb: {routes.PRIORITIZE.lstrip('/')!r} "
             "unless every pod is placed first fit",
             entry.line,
         )
