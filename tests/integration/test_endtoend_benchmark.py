@@ -28,6 +28,9 @@ def test_quick_run_schedules_every_pod_alone_and_with_gas(tmp_path: Path) -> Non
     # gas placed every pod on cards that hold it, and its worker's CPU was read by thread.
     assert with_gas["over_committed"] == 0, with_gas["over_commit"]
     assert with_gas["gas_cpu_ms"] and all(v >= 0 for v in with_gas["gas_cpu_ms"].values())
+    # Registered as shipped: filter and bind for every pod, and no prioritize.
+    assert with_gas["requests"].get("filter", 0) >= 30 and with_gas["requests"]["bind"] >= 30
+    assert with_gas["requests"].get("prioritize", 0) == 0, with_gas["requests"]
     # The machine ran at least the scheduler and the API server.
     for result in rounds.values():
         assert result["machine_cpu_ms"] >= result["scheduler_cpu_ms"] + result["apiserver_cpu_ms"]

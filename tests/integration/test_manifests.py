@@ -231,9 +231,35 @@ def test_scheduler_config_verbs_are_routes_gas_serves(either_config: dict[str, A
     app = create_app(ledger, DemoCluster(ledger, load_demo_file(None)))
     routes = {rule.rule: rule.methods or set() for rule in app.url_map.iter_rules()}
     (extender,) = either_config["extenders"]
-    for verb in ("filterVerb", "prioritizeVerb", "preemptVerb", "bindVerb"):
+    for verb in ("filterVerb", "preemptVerb", "bindVerb"):
         path = urlparse(extender["urlPrefix"].rstrip("/") + "/" + extender[verb]).path
         assert "POST" in routes[path], path
+
+
+# A commented key stands with its '#' in the keys' column.
+SCORING_LINES = re.compile(r"^( *)# *((?:prioritizeVerb|weight): .+)$", re.MULTILINE)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        ROOT / "extender-configuration" / "scheduler-config.yaml",
+        ROOT / "deploy" / "any-cluster" / "scheduler-config.yaml",
+    ],
+    ids=["kubeadm", "any-cluster"],
+)
+def test_the_commented_scoring_lines_reach_gas_when_uncommented(path: Path) -> None:
+    """binpack and spread need prioritize: the lines each configuration shows for it, put
+    back where they stand, make a configuration whose call reaches gas's prioritize."""
+    text = path.read_text()
+    assert len(SCORING_LINES.findall(text)) == 2
+    scored = SCORING_LINES.sub(lambda m: m.group(1) + m.group(2), text)
+    (doc,) = yaml.safe_load_all(scored)
+    config = yaml.safe_load(doc["data"][PROFILE_KEY]) if doc["kind"] == "ConfigMap" else doc
+    (extender,) = config["extenders"]
+    assert extender["weight"] == 1
+    url = extender["urlPrefix"].rstrip("/") + "/" + extender["prioritizeVerb"]
+    assert urlparse(url).path == "/scheduler/prioritize"
 
 
 def test_kubeadm_scheduler_config_points_at_the_service(
@@ -677,12 +703,13 @@ def test_profile_is_gas_scheduler_with_its_own_lease_and_gas_on_loopback() -> No
     url = urlparse(extender["urlPrefix"])
     gas = _flags(_container("gas")["args"])
     assert (url.hostname, url.port) == (gas["host"], int(gas["port"])) == ("127.0.0.1", 9001)
-    assert {extender[v] for v in ("filterVerb", "prioritizeVerb", "preemptVerb", "bindVerb")} == {
+    assert {extender[v] for v in ("filterVerb", "preemptVerb", "bindVerb")} == {
         "filter",
-        "prioritize",
         "preempt",
         "bind",
     }
+    # First fit, gas's default, scores nothing: the call is left out, as in the kubeadm one.
+    assert "prioritizeVerb" not in extender and "weight" not in extender
     assert extender["ignorable"] is False and extender["enableHTTPS"] is True
     # Checked against the address itself, which every certificate of `gas certs` carries.
     from gas.tools.certs import LOOPBACK_IPS

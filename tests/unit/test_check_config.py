@@ -236,8 +236,9 @@ def test_gas_policy_configmap_is_recognised_and_its_problems_named(
     result.only("WARNING", f"{base}.ignorable", "binder", "no effect on bind")
     result.only("WARNING", f"{base}.tlsConfig", "enableHttps", "caFile")
     result.only("WARNING", f"{base}.managedResources", "gpu.intel.com/xe")
-    result.only("WARNING", f"{base}.prioritizeVerb", "missing", "GPUPolicyNotScored")
-    assert len(result.lines) == 5
+    # GAS has no prioritize verb, and nothing says gas runs binpack or spread: no finding.
+    assert result.findings("WARNING", f"{base}.prioritizeVerb") == []
+    assert len(result.lines) == 4
     newer = check(capsys, FIXTURES / "gas-policy-configmap.yaml", version="1.28")
     assert newer.status == 1
     newer.only("ERROR", "data[policy.cfg].kind", "removed in Kubernetes 1.23")
@@ -446,10 +447,9 @@ def test_prioritize_and_preempt_must_reach_gas(
     assert result.findings("WARNING", "extenders[0].prioritizeVerb") == []
     result = lint(capsys, tmp_path, v1(prioritizeVerb="scheduler/priorities", weight=1))
     result.only("WARNING", "extenders[0].prioritizeVerb", "every score would be lost")
-    # Without it, binpack and spread pods are bound without gas choosing their node.
+    # Left out, as shipped: first fit, gas's default, scores nothing.
     result = lint(capsys, tmp_path, v1(prioritizeVerb=None, weight=None))
-    assert result.status == 0
-    result.only("WARNING", "extenders[0].prioritizeVerb", "missing", "choose the cards but not")
+    assert result.lines == ["OK"]
     assert lint(capsys, tmp_path, v1(preemptVerb="scheduler/preempt")).lines == ["OK"]
     # A failed preempt call aborts preemption, unless the extender is ignorable.
     result = lint(capsys, tmp_path, v1(preemptVerb="scheduler/preemption"))
@@ -814,6 +814,30 @@ def test_shipped_profile_passes_alone_with_its_deployment_and_with_all_of_deploy
     raw = tmp_path / "raw.yaml"
     raw.write_text(yaml.safe_dump(profile()))
     assert check(capsys, raw).lines == ["OK"]
+
+
+def test_a_scoring_policy_needs_the_prioritize_verb(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert "prioritizeVerb" not in profile()["extenders"][0]  # shipped for first fit
+    for policy in ("binpack", "spread"):
+        result = lint_profile(capsys, tmp_path, profile(), deployment(gas_policy=policy))
+        assert result.status == 0
+        result.only(
+            "WARNING",
+            f"{tmp_path}/scheduler-config.yaml:data[config.yaml].extenders[0].prioritizeVerb",
+            f"gas runs --policy {policy}",
+            "GPUPolicyNotScored",
+            # Relative to this urlPrefix, which ends in /scheduler.
+            "set prioritizeVerb: 'prioritize' and weight: 1",
+        )
+        assert len(result.lines) == 1
+    scored = profile()
+    scored["extenders"][0].update(prioritizeVerb="prioritize", weight=1)
+    result = lint_profile(capsys, tmp_path, scored, deployment(gas_policy="binpack"))
+    assert result.lines == ["OK"]
+    first_fit = lint_profile(capsys, tmp_path, profile(), deployment(gas_policy="first-fit"))
+    assert first_fit.lines == ["OK"]
 
 
 def test_profile_findings_are_placed_in_the_configmap_at_their_line(

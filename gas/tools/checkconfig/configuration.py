@@ -66,7 +66,7 @@ def check_scheduler_configuration(
                     "profile field (strict decoding error; kube-scheduler does not start)",
                     line_of(profile, "extenders"),
                 )
-    check_extenders(checker, doc, form)
+    check_extenders(checker, doc, form, workload.policy if workload else None)
     if second:
         check_second_scheduler(checker, doc, workload)
     else:

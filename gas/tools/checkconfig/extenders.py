@@ -11,7 +11,7 @@ import ipaddress
 from urllib.parse import urlsplit
 
 from gas.core.durations import NANOSECONDS_PER_SECOND, format_seconds, parse_go_duration
-from gas.core.model import ANNOTATION_CARDS, ANNOTATION_POLICY, I915, RESOURCE_PREFIX, XE
+from gas.core.model import ANNOTATION_CARDS, I915, RESOURCE_PREFIX, XE
 from gas.serving import routes
 from gas.tools.certs import LOOPBACK_IPS
 from gas.tools.checkconfig.checker import Checker
@@ -44,11 +44,16 @@ TLS_FIELDS = (
     "caData",
 )
 MANAGED_RESOURCE_FIELDS = ("name", "ignoredByScheduler")
+# gas serve's policies that choose the node, through the prioritize verb.
+SCORING_POLICIES = ("binpack", "spread")
 
 
-def check_extenders(checker: Checker, doc: LocatedMap, form: Form) -> None:
+def check_extenders(
+    checker: Checker, doc: LocatedMap, form: Form, gas_policy: str | None = None
+) -> None:
     """The ``extenders`` list of a configuration or Policy: every entry, the rules across
-    entries, and the entries that are gas."""
+    entries, and the entries that are gas; ``gas_policy`` is `gas serve --policy` when the
+    Deployment that runs gas was given too."""
     extenders = doc.get("extenders")
     if extenders is None or extenders == []:
         checker.error("extenders", "no extenders: gas is not registered", doc.line)
@@ -82,7 +87,7 @@ def check_extenders(checker: Checker, doc: LocatedMap, form: Form) -> None:
             line_of(doc, "extenders"),
         )
     for index, entry in gas:
-        _gas_extender(checker, entry, join_path("extenders", index))
+        _gas_extender(checker, entry, join_path("extenders", index), gas_policy)
 
 
 def _extender(checker: Checker, entry: LocatedMap, path: str, form: Form) -> None:
@@ -377,12 +382,20 @@ def _managed_names(checker: Checker, entries: list[tuple[int, LocatedMap]]) -> N
                 seen[name] = where
 
 
-def _gas_extender(checker: Checker, entry: LocatedMap, path: str) -> None:
-    _gas_routes(checker, entry, path)
+def _gas_extender(checker: Checker, entry: LocatedMap, path: str, gas_policy: str | None) -> None:
+    _gas_routes(checker, entry, path, gas_policy)
     _gas_settings(checker, entry, path)
 
 
-def _gas_routes(checker: Checker, entry: LocatedMap, path: str) -> None:
+def _verb_for(route: str, prefix_path: str | None) -> str:
+    """The verb that reaches gas's ``route`` from a urlPrefix whose path is ``prefix_path``
+    (kube-scheduler calls urlPrefix + '/' + verb)."""
+    if prefix_path and route.startswith(prefix_path + "/"):
+        return route[len(prefix_path) + 1 :]
+    return route.lstrip("/")
+
+
+def _gas_routes(checker: Checker, entry: LocatedMap, path: str, gas_policy: str | None) -> None:
     """Each verb must reach the route gas serves it on."""
     url = entry.get("urlPrefix")
     prefix_path: str | None = None
@@ -402,7 +415,7 @@ def _gas_routes(checker: Checker, entry: LocatedMap, path: str) -> None:
             )
             checker.error(
                 join_path(path, key),
-                f"missing: set {key}: {route.lstrip('/')!r} ({consequence})",
+                f"missing: set {key}: {_verb_for(route, prefix_path)!r} ({consequence})",
                 entry.line,
             )
         elif isinstance(verb, str) and not verb.startswith("/") and prefix_path is not None:
@@ -414,13 +427,14 @@ def _gas_routes(checker: Checker, entry: LocatedMap, path: str) -> None:
                     line_of(entry, key),
                 )
     prioritize = entry.get("prioritizeVerb")
-    if not prioritize:
+    if not prioritize and gas_policy in SCORING_POLICIES:
+        # Left out, as shipped, it costs first fit nothing; gas's own policy needs it.
         checker.warning(
             join_path(path, "prioritizeVerb"),
-            f"missing: binpack and spread (--policy or a pod's {ANNOTATION_POLICY} "
-            "annotation) choose the cards but not the node, and gas warns at each such bind "
-            f"(GPUPolicyNotScored); set prioritizeVerb: {routes.PRIORITIZE.lstrip('/')!r} "
-            "unless every pod is placed first fit",
+            f"missing, and gas runs --policy {gas_policy}, which chooses the node only "
+            "through prioritize: its pods' nodes are kube-scheduler's choice, and gas warns "
+            f"at each such bind (GPUPolicyNotScored); set prioritizeVerb: "
+            f"{_verb_for(routes.PRIORITIZE, prefix_path)!r} and weight: 1",
             entry.line,
         )
     elif isinstance(prioritize, str) and not prioritize.startswith("/"):

@@ -54,6 +54,8 @@ class Workload:
     lease_namespace: str | None = None
     gas_host: str | None = None
     gas_port: int = GAS_PORT
+    # gas serve's --policy (None: its default, first fit).
+    policy: str | None = None
     # gas webhook's --schedulerName, if the pod runs the webhook.
     webhook_scheduler: str | None = None
     # kube-scheduler's folders, if the pod runs it.
@@ -128,6 +130,7 @@ def _read_container(
             lease_namespace=flags.get("leaderElectNamespace") or workload.lease_namespace,
             gas_host=flags.get("host"),
             gas_port=port,
+            policy=flags.get("policy") or None,
         )
     if args and args[0] == "webhook":
         scheduler = _flags(args[1:]).get("schedulerName", WEBHOOK_SCHEDULER)
