@@ -19,7 +19,7 @@ told from noise:
 
 Each request goes through the app's direct POST (`routes.DIRECT_POST`: decoding, the
 verb, encoding, metrics and the decision log line, logged to /dev/null at INFO as `gas
-serve` logs it); HTTP, TLS and the API write are not in it, and a bind's figure holds the
+serve` logs it, `gas.serving.logformat`); HTTP, TLS and the API write are not in it, and a bind's figure holds the
 demo cluster's own store of the pod and the ledger's update that gas's watch thread would
 make. Prints the thread CPU per call
 of each verb and per pod, the median of `--runs`; never fails on time.
@@ -50,7 +50,7 @@ import orjson
 from benchmarks.workload import make_cluster, pick_shape, pod_object
 from gas.cluster.demo import DemoCluster
 from gas.core.ledger import Ledger
-from gas.serving import routes
+from gas.serving import logformat, routes
 from gas.serving.extender import create_app
 from tests.support.objects import binding_args
 
@@ -235,23 +235,21 @@ def _decisions_to_devnull() -> Iterator[None]:
     the logger as it was afterwards."""
     decisions = logging.getLogger("gas.decisions")
     level, propagate = decisions.level, decisions.propagate
+    switches = logging._srcfile, logging.logThreads, logging.logMultiprocessing
     with open(os.devnull, "w") as sink:
         handler = logging.StreamHandler(sink)
-        handler.setFormatter(
-            logging.Formatter(
-                "[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s",
-                "%Y-%m-%d %H:%M:%S %z",
-            )
-        )
+        handler.setFormatter(logformat.SecondFormatter())
         decisions.addHandler(handler)
         decisions.setLevel(logging.INFO)
         decisions.propagate = False
+        logformat.lean_records()
         try:
             yield
         finally:
             decisions.removeHandler(handler)
             decisions.setLevel(level)
             decisions.propagate = propagate
+            logging._srcfile, logging.logThreads, logging.logMultiprocessing = switches
 
 
 def _measure(args: argparse.Namespace) -> int:

@@ -40,7 +40,7 @@ from gunicorn.workers.gthread import (  # type: ignore[import-untyped]
     ThreadWorker,
 )
 
-from gas.serving import direct, http2, routes
+from gas.serving import direct, http2, logformat, routes
 from gas.serving.tls import ALPN_PROTOCOLS, TLS12_CIPHERS, TLSConfigError, server_ssl_context
 
 if TYPE_CHECKING:
@@ -599,12 +599,7 @@ def _ensure_logging(log_level: str) -> None:
     root = logging.getLogger()
     if root.handlers:
         return
-    logging.basicConfig(
-        level=log_level.upper(),
-        stream=sys.stderr,
-        format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s",
-        datefmt="%Y-%m-%d %H:%M:%S %z",
-    )
+    logformat.configure(log_level)
 
 
 @dataclass(frozen=True, kw_only=True)
