@@ -19,9 +19,9 @@ told from noise:
 
 Each request goes through the app's direct POST (`routes.DIRECT_POST`: decoding, the
 verb, encoding, metrics and the decision log line, logged to /dev/null at INFO as `gas
-serve` logs it, `gas.serving.logformat`); HTTP, TLS and the API write are not in it, and a bind's figure holds the
-demo cluster's own store of the pod and the ledger's update that gas's watch thread would
-make. Prints the thread CPU per call
+serve` logs it, `gas.serving.logformat`); HTTP, TLS and the API write are not in it, and
+a bind's figure holds the demo cluster's own store of the pod and the ledger's update that
+gas's watch thread would make. Prints the thread CPU per call
 of each verb and per pod, the median of `--runs`; never fails on time.
 
 Back to back, the calls run with the interpreter's and numpy's code and data in the CPU's
