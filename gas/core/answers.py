@@ -241,25 +241,12 @@ def node_description(node: NodeGpu) -> Hashable:
     )
 
 
-REQUEST_FIELDS = (
-    "containers",
-    "allow",
-    "deny",
-    "same_gpu",
-    "xelink",
-    "single_numa",
-    "problems",
-    "policy",
-)
-"""PodRequest's fields, each of which `request_shape` copies (a test holds the two
-together)."""
-
-
 def request_shape(request: PodRequest) -> Hashable:
     """A hashable copy of everything in `request`, orders kept (a reason can name the first
     resource in a container's order). Container names matter only to `gas-same-gpu`. Field
     by field rather than through `dataclasses.fields`: it is found for every prioritize and
-    bind, and the generic walk cost several times more."""
+    bind, and the generic walk cost several times more (a test in test_fast_paths.py holds
+    the fields named here to the dataclass's)."""
     group = request.same_gpu
     containers = tuple(
         (need.name if need.name in group else None, need.gpus, tuple(need.requests.items()))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 LINE_FORMAT = "[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s"
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S %z"
@@ -35,13 +36,19 @@ class SecondFormatter(logging.Formatter):
         return kept[1]
 
 
-def lean_records() -> None:
+def lean_records() -> Callable[[], None]:
     """Records made without the caller's file, line and function, the thread's name and
     the multiprocessing process name, none of which `LINE_FORMAT` shows. Global to the
-    process: only for a process whose logging gas set up."""
+    process: only for a process whose logging gas set up. Returns what puts them back."""
+    was = logging._srcfile, logging.logThreads, logging.logMultiprocessing
+
+    def restore() -> None:
+        logging._srcfile, logging.logThreads, logging.logMultiprocessing = was
+
     logging._srcfile = None
     logging.logThreads = False
     logging.logMultiprocessing = False
+    return restore
 
 
 def configure(level: str) -> None:

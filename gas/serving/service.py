@@ -140,17 +140,15 @@ class Extender:
         except SpecError as exc:
             judged = judge(names, [Rejection(str(exc), unresolvable=True)] * len(names))
         else:
-            if args.uid is not None:
-                self._memory.remember(args.uid, slim_pod(pod))
             if args.nodes is None:
                 judged = self._ledger.judge_names(ask, names, args.uid)
             else:
                 candidates = [node_from_object(item) for item in args.nodes]
                 results = self._ledger.check(ask, candidates, args.uid)
                 judged = judge(names, list(map(results.__getitem__, names)))
+            if args.uid is not None:
+                self._memory.remember(args.uid, slim_pod(pod), len(judged[0]))
         passed, failed, unresolvable, counts = judged
-        if args.uid is not None:
-            self._memory.filtered(args.uid, len(passed))
         reasons = sorted_counts(counts)
         decision = decision_record(
             "filter",
@@ -442,19 +440,13 @@ class PodMemory:
         self._lock = threading.Lock()
         self._pods: OrderedDict[str, _Remembered] = OrderedDict()
 
-    def remember(self, uid: str, pod: dict[str, Any]) -> None:
+    def remember(self, uid: str, pod: dict[str, Any], passed: int) -> None:
+        """The pod, whose filter passed `passed` nodes: no prioritize has followed it yet."""
         with self._lock:
-            self._pods[uid] = _Remembered(time.monotonic() + self._seconds, pod)
+            self._pods[uid] = _Remembered(time.monotonic() + self._seconds, pod, passed)
             self._pods.move_to_end(uid)
             while len(self._pods) > self._size:
                 self._pods.popitem(last=False)
-
-    def filtered(self, uid: str, passed: int) -> None:
-        """The pod's filter passed `passed` nodes: no prioritize has followed it yet."""
-        with self._lock:
-            item = self._pods.get(uid)
-            if item is not None:
-                item.passed, item.scored = passed, False
 
     def scored(self, uid: str) -> None:
         """A prioritize of the pod came."""
@@ -483,7 +475,7 @@ class PodMemory:
 class _Remembered:
     expires: float
     pod: dict[str, Any]
-    passed: int = 0
+    passed: int
     scored: bool = False
 
 

@@ -29,6 +29,7 @@ from tests.support.objects import MEM, MILLI, G, card_node, container, gpu_node,
 from tests.support.polling import wait_for
 from tests.support.promtext import metric
 from tests.support.scheduler import SchedulerEmulator
+from tests.support.scheduler import listed_scores as scores
 
 BINPACK = Policy(placement="binpack")
 SPREAD = Policy(placement="spread")
@@ -258,16 +259,6 @@ def two_nodes_one_busy(apiserver: ApiServerDouble) -> None:
     for name in ("node-a", "node-b"):
         apiserver.add_node(gpu_node(name, "0.1", i915="8", memory_max=str(16 * G)))
     apiserver.add_pod(held_pod())
-
-
-def scores(reply: Any, names: list[str]) -> dict[str, int]:
-    """The scores as kube-scheduler reads them: a node left out of the list gets 0, so the
-    list names only the others."""
-    assert isinstance(reply, list)
-    assert all(set(entry) == {"Host", "Score"} for entry in reply)
-    assert all(type(entry["Score"]) is int and entry["Score"] != 0 for entry in reply)
-    assert all(entry["Host"] in names for entry in reply)
-    return dict.fromkeys(names, 0) | {entry["Host"]: entry["Score"] for entry in reply}
 
 
 def test_prioritize_wire_format_in_both_modes(

@@ -365,6 +365,17 @@ class SchedulerEmulator:
         return result
 
 
+def listed_scores(listed: Any, names: list[str]) -> dict[str, int]:
+    """A prioritize answer (`HostPriorityList`, decoded) as kube-scheduler reads it: each
+    of `names` with its listed score, 0 when left out; checked to list only nodes of
+    `names`, each with an integer score other than 0 (gas leaves the 0s out)."""
+    assert isinstance(listed, list)
+    assert all(isinstance(e, dict) and set(e) == {"Host", "Score"} for e in listed), listed
+    assert all(type(e["Score"]) is int and e["Score"] != 0 for e in listed), listed
+    assert all(e["Host"] in names for e in listed), listed
+    return dict.fromkeys(names, 0) | {e["Host"]: e["Score"] for e in listed}
+
+
 def _interested(pod: Mapping[str, Any]) -> bool:
     spec = as_mapping(pod.get("spec"))
     for container in as_list(spec.get("containers")) + as_list(spec.get("initContainers")):

@@ -26,6 +26,7 @@ from gas.serving import wire
 from gas.serving.service import Extender, Options, Reply
 from gas.serving.wire import BindingArgs, ExtenderArgs, PreemptionArgs
 from tests.support.leases import Clock, FakeStore
+from tests.support.scheduler import listed_scores
 
 MEM = "gpu.intel.com/memory.max"
 NODES = ["demo-1card", "demo-2cards", "demo-4cards", "demo-cpu-only"]
@@ -364,14 +365,8 @@ def test_first_fit_and_pod_policies_warn_only_where_nodes_are_scored(demo: Demo)
 
 
 def scores_of(reply: Reply, names: list[str]) -> dict[str, int]:
-    """A prioritize's HostPriorityList as kube-scheduler reads it: each node given its
-    listed score, and 0 when it is left out."""
-    listed: list[dict[str, Any]] = orjson.loads(wire.encode(reply.body))
-    scores = dict.fromkeys(names, 0)
-    for entry in listed:
-        assert entry["Host"] in scores and entry["Score"] != 0
-        scores[entry["Host"]] = entry["Score"]
-    return scores
+    """A prioritize's HostPriorityList, written, as kube-scheduler reads it."""
+    return listed_scores(orjson.loads(wire.encode(reply.body)), names)
 
 
 def test_prioritize_scores_fitting_nodes_under_binpack() -> None:

@@ -30,7 +30,7 @@ from gas.core.allocator import (
     place,
     summarize,
 )
-from gas.core.answers import REQUEST_FIELDS, AnswerCache, request_shape
+from gas.core.answers import AnswerCache, request_shape
 from gas.core.holdings import PodHolding, PodObservation, observe_pod
 from gas.core.ledger import Ledger
 from gas.core.model import (
@@ -511,7 +511,17 @@ def test_idle_answer_remembered_per_kind(data: st.DataObject) -> None:
 
 def test_request_shape_tells_apart_requests_that_differ_in_any_field() -> None:
     """Answers are shared between requests of one shape: each field must be in it."""
-    assert tuple(f.name for f in dataclasses.fields(PodRequest)) == REQUEST_FIELDS
+    # request_shape copies these by name: a field added to PodRequest must be added there.
+    assert tuple(f.name for f in dataclasses.fields(PodRequest)) == (
+        "containers",
+        "allow",
+        "deny",
+        "same_gpu",
+        "xelink",
+        "single_numa",
+        "problems",
+        "policy",
+    )
     base = PodRequest(
         (ContainerNeed("a", 1, {I915: 1, MEMORY: 4}), ContainerNeed("b", 1, {I915: 1})),
         same_gpu=("a",),

@@ -5,7 +5,9 @@ speed goals belong to the benchmarks."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
+import orjson
 import pytest
 
 from benchmarks.verbs import Scheduler, feasible_count, main, run
@@ -49,7 +51,32 @@ def test_main_prints_each_verb_per_pod(capsys: pytest.CaptureFixture[str]) -> No
     assert out[0].startswith("60 nodes at 50%, 10 pods, filters naming 60 nodes, 0 ms before")
     assert [line.split(":")[0] for line in out[1:]] == ["run 1", "run 2", "median per pod"]
     for line in out[1:]:
+        # As the shipped configurations register gas: no prioritize.
+        assert all(f"{verb} " in line for verb in ("filter", "bind", "all"))
+        assert "prioritize" not in line
+    assert main(["--nodes", "60", "--pods", "10", "--runs", "1", "--prioritize"]) == 0
+    for line in capsys.readouterr().out.splitlines()[1:]:
         assert all(f"{verb} " in line for verb in ("filter", "prioritize", "bind", "all"))
+
+
+def test_prioritize_follows_a_filter_that_passed_two_or_more_nodes() -> None:
+    # As kube-scheduler v1.28: scores are asked for only when there is a choice.
+    calls: list[str] = []
+    passing = iter([1, 0, 2])
+
+    def post(path: str, body: bytes) -> tuple[int, list[Any], bytes]:
+        calls.append(path.rsplit("/", 1)[-1])
+        names = orjson.loads(body).get("NodeNames") or []
+        if calls[-1] == "filter":
+            return 200, [], orjson.dumps({"NodeNames": names[: next(passing)]})
+        return 200, [], orjson.dumps({} if calls[-1] == "bind" else [])
+
+    pod = {"metadata": {"name": "p", "namespace": "default", "uid": "u"}}
+    scheduler = Scheduler(post, [f"n{i}" for i in range(10)], seed=1, prioritize=True)
+    for _ in range(3):
+        scheduler.schedule(pod)
+    # Filters passing 1, 0 and then 2 nodes.
+    assert calls == ["filter", "bind", "filter", "filter", "prioritize", "bind"]
 
 
 def test_gap_waits_before_each_pod(monkeypatch: pytest.MonkeyPatch) -> None:
