@@ -450,6 +450,9 @@ def test_prioritize_and_preempt_must_reach_gas(
     # Left out, as shipped: first fit, gas's default, scores nothing.
     result = lint(capsys, tmp_path, v1(prioritizeVerb=None, weight=None))
     assert result.lines == ["OK"]
+    # An empty verb is one left out to kube-scheduler: no call, so no route to check.
+    result = lint(capsys, tmp_path, v1(prioritizeVerb="", weight=None))
+    assert result.lines == ["OK"]
     assert lint(capsys, tmp_path, v1(preemptVerb="scheduler/preempt")).lines == ["OK"]
     # A failed preempt call aborts preemption, unless the extender is ignorable.
     result = lint(capsys, tmp_path, v1(preemptVerb="scheduler/preemption"))

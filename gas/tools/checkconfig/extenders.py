@@ -11,7 +11,7 @@ import ipaddress
 from urllib.parse import urlsplit
 
 from gas.core.durations import NANOSECONDS_PER_SECOND, format_seconds, parse_go_duration
-from gas.core.model import ANNOTATION_CARDS, I915, RESOURCE_PREFIX, XE
+from gas.core.model import ANNOTATION_CARDS, BINPACK, I915, RESOURCE_PREFIX, SPREAD, XE
 from gas.serving import routes
 from gas.tools.certs import LOOPBACK_IPS
 from gas.tools.checkconfig.checker import Checker
@@ -45,7 +45,7 @@ TLS_FIELDS = (
 )
 MANAGED_RESOURCE_FIELDS = ("name", "ignoredByScheduler")
 # gas serve's policies that choose the node, through the prioritize verb.
-SCORING_POLICIES = ("binpack", "spread")
+SCORING_POLICIES = (BINPACK, SPREAD)
 
 
 def check_extenders(
@@ -437,7 +437,7 @@ def _gas_routes(checker: Checker, entry: LocatedMap, path: str, gas_policy: str 
             f"{_verb_for(routes.PRIORITIZE, prefix_path)!r} and weight: 1",
             entry.line,
         )
-    elif isinstance(prioritize, str) and not prioritize.startswith("/"):
+    elif isinstance(prioritize, str) and prioritize and not prioritize.startswith("/"):
         scored = f"{prefix_path}/{prioritize}" if prefix_path is not None else None
         if scored is not None and scored != routes.PRIORITIZE:
             # kube-scheduler ignores prioritize errors, so this fails silently.
