@@ -122,6 +122,9 @@ class SchedulerLeaseFollower:
         self._on_change = on_change
         self._lock = threading.Lock()
         self._verdict = Verdict(None, "the Lease has not been read yet")
+        # Readings begun, and the one `_verdict` comes from, in the order they began.
+        self._readings = 0
+        self._judged = 0
         self._recheck_lock = threading.Lock()
         self._rechecked_at: float | None = None
         self._report_lock = threading.Lock()
@@ -180,11 +183,18 @@ class SchedulerLeaseFollower:
     def refresh(self) -> bool:
         """Read the Lease once and judge it; True if gas may answer afterwards. API errors
         propagate, and the previous reading stands."""
+        with self._lock:
+            self._readings += 1
+            reading = self._readings
         mono, wall = self._clock(), self._wall()
         record = self._store.get()
         verdict = judge(record, self._pod, wall, mono)
         with self._lock:
-            self._verdict = verdict
+            # The thread's reading and a verb's may overlap, and the older answer may come
+            # back last: a reading begun earlier never replaces one begun after it, or a
+            # verb that found the Lease just taken would be refused a moment later.
+            if reading > self._judged:
+                self._verdict, self._judged = verdict, reading
         self._report()
         return self.is_leader()
 

@@ -491,6 +491,22 @@ def _holder(plane: realk8s.ControlPlane) -> str:
     return holder.split("_", 1)[0]
 
 
+def _why_unbound(
+    core: client.CoreV1Api, name: str, scheduler: realk8s.Process, gas: GasProcess
+) -> str:
+    """What a pod left pending shows: its scheduling condition (kube-scheduler writes why
+    the last attempt failed), the scheduler's log, and gas's log without its Lease reads."""
+    pod = core.read_namespaced_pod(name, "team-b").to_dict()
+    conditions = json.dumps(pod["status"].get("conditions"), default=str)
+    own = [line for line in gas.log().splitlines() if "/leases/" not in line]
+    # The condition last: a report that keeps only the end of the output keeps it.
+    return (
+        f"kube-scheduler:\n{scheduler.tail(60)}\n"
+        "gas, without its Lease reads:\n" + "\n".join(own[-60:]) + "\n"
+        f"pod {name} conditions: {conditions}"
+    )
+
+
 def test_two_scheduler_pods_one_gas_binds_and_the_other_takes_over(
     plane: realk8s.ControlPlane, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -554,7 +570,7 @@ def test_two_scheduler_pods_one_gas_binds_and_the_other_takes_over(
             pod = wait_for(lambda: bound("second"), timeout=60, what="the second pod bound")
         except TimeoutError as exc:
             raise AssertionError(
-                f"{schedulers[standby].tail()}\n{gas[standby].log()[-4000:]}"
+                _why_unbound(core, "second", schedulers[standby], gas[standby])
             ) from exc
         assert ANNOTATION_CARDS in pod["metadata"]["annotations"]
         assert "second" in gas[standby].log()

@@ -368,6 +368,52 @@ def test_verbs_arriving_together_share_one_reading(
     assert reads == 1
 
 
+def test_a_reading_answered_late_never_overrides_one_begun_after_it(
+    world: tuple[FakeStore, Clock, Scheduler],
+) -> None:
+    """The thread's reading, begun just before this pod's kube-scheduler took the Lease,
+    comes back after the first verb's own reading found the Lease ours. The older answer
+    must not undo the newer one: kube-scheduler 1.28 parks a pod whose extender call
+    failed among its unschedulable pods, for up to 5 minutes when nothing else changes."""
+    store, clock, scheduler = world
+    f = follower(store, clock)
+    scheduler.renew("sched-b_u1")
+    answered, release = threading.Event(), threading.Event()
+    late = True
+
+    def hold_the_first_answer() -> None:
+        nonlocal late
+        if late:
+            late = False
+            answered.set()
+            release.wait(5)
+
+    store.after = hold_the_first_answer  # the server has answered; the answer is on its way
+    thread = threading.Thread(target=f.refresh)
+    thread.start()
+    assert answered.wait(5)
+    scheduler.renew("sched-a_u2")  # this pod's kube-scheduler takes the Lease
+    assert f.may_answer()  # its first verb reads the Lease itself
+    release.set()
+    thread.join(5)
+    assert f.is_leader() and f.may_answer()
+    assert f.changes == [True]  # type: ignore[attr-defined]
+    # The other way round: a stale "ours" arriving after a newer "not ours" is dropped too.
+    scheduler.renew("sched-b_u3")
+    answered.clear()
+    release.clear()
+    late = True
+    thread = threading.Thread(target=f.refresh)
+    thread.start()
+    assert answered.wait(5)
+    clock.advance(0.1)
+    assert f.refresh() is False
+    release.set()
+    thread.join(5)
+    assert not f.is_leader()
+    assert f.changes == [True, False]  # type: ignore[attr-defined]
+
+
 def test_refusals_are_logged_with_the_reason_once(
     world: tuple[FakeStore, Clock, Scheduler], caplog: pytest.LogCaptureFixture
 ) -> None:
