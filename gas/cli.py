@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from gas import __version__
 from gas.core.durations import DEFAULT_PENDING_GRACE, NANOSECONDS_PER_SECOND, parse_go_duration
+from gas.core.model import FIRST_FIT, PLACEMENT_POLICIES
 from gas.serving.goflags import add_go_bool
 
 log = logging.getLogger("gas")
@@ -139,8 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--policy",
-        choices=("first-fit", "binpack", "spread"),
-        default="first-fit",
+        choices=PLACEMENT_POLICIES,
+        default=FIRST_FIT,
         help="placement: first-fit (as GAS), binpack (fullest nodes and cards that fit) or "
         "spread (emptiest); a pod's gas-policy annotation overrides it (first-fit)",
     )
