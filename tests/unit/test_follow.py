@@ -399,14 +399,13 @@ def test_a_reading_answered_late_never_overrides_one_begun_after_it(
     assert f.is_leader() and f.may_answer()
     assert f.changes == [True]  # type: ignore[attr-defined]
     # The other way round: a stale "ours" arriving after a newer "not ours" is dropped too.
-    scheduler.renew("sched-b_u3")
     answered.clear()
     release.clear()
     late = True
     thread = threading.Thread(target=f.refresh)
     thread.start()
-    assert answered.wait(5)
-    clock.advance(0.1)
+    assert answered.wait(5)  # it read the Lease while it was still ours
+    scheduler.renew("sched-b_u3")
     assert f.refresh() is False
     release.set()
     thread.join(5)
