@@ -18,6 +18,7 @@ from gas import __version__
 from gas.core.durations import DEFAULT_PENDING_GRACE, NANOSECONDS_PER_SECOND, parse_go_duration
 from gas.core.model import FIRST_FIT, PLACEMENT_POLICIES
 from gas.serving.goflags import add_go_bool
+from gas.serving.limit_flags import add_limit_flags
 
 log = logging.getLogger("gas")
 
@@ -171,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--v", type=int, default=2, help="log verbosity: 0-3 info, 4+ debug")
     _add_replica_flags(serve)
     _add_health_flags(serve)
+    add_limit_flags(serve)
 
     for name, (module_name, help_text) in COMMANDS.items():
         if importlib.util.find_spec(module_name) is None:

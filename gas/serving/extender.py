@@ -91,6 +91,7 @@ def create_app(
         registry=metrics.registry,
     )
     setattr(app, routes.CONNECTION_OPENED, lambda protocol: connections.labels(protocol).inc())
+    setattr(app, routes.SERVING_STATS, metrics.registry.register)
     return app
 
 

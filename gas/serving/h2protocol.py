@@ -16,11 +16,21 @@ the HEADERS priority fields are checked and ignored), the CONNECT method, and tr
 Errors: a connection error queues a GOAWAY with its code and raises `ConnectionFailed`;
 the caller sends what is queued and closes. A stream error resets the stream
 (RST_STREAM) and calls the listener's `reset`, the connection goes on.
+
+What a peer may cost (`gas.serving.limits.Limits`): the connection's flow-control window
+is given back only as the owner `release`s body bytes it has handed on or dropped, so
+the request bytes a connection holds are bounded by `connection_window` however many
+streams send; stream resets and frames that cost work without a request (SETTINGS,
+PING, PRIORITY, WINDOW_UPDATE, empty DATA and CONTINUATION, headers on a closed stream,
+unknown types) are rate limited, and a peer past either limit gets GOAWAY
+ENHANCE_YOUR_CALM.
 """
 
 from __future__ import annotations
 
 import struct
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn, Protocol
 
@@ -28,8 +38,11 @@ import hpack
 from hpack.hpack import encode_integer
 from hpack.table import HeaderTable
 
+from gas.serving.limits import DEFAULT_LIMITS, Limits, TokenBucket
+
 __all__ = [
     "CANCEL",
+    "ENHANCE_YOUR_CALM",
     "FLOW_CONTROL_ERROR",
     "FRAME_SIZE_ERROR",
     "NO_ERROR",
@@ -51,6 +64,7 @@ FRAME_SIZE_ERROR = 0x6
 REFUSED_STREAM = 0x7
 CANCEL = 0x8
 COMPRESSION_ERROR = 0x9
+ENHANCE_YOUR_CALM = 0xB
 
 # Frame types (6).
 _DATA = 0x0
@@ -149,14 +163,21 @@ class ServerConnection:
         self,
         listener: Listener,
         *,
-        max_streams: int,
-        window: int,
         max_header_list: int,
+        connection_window: int,
+        limits: Limits = DEFAULT_LIMITS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._listener = listener
-        self._max_streams = max_streams
-        self._window = window
+        self._max_streams = limits.h2_max_streams
+        self._window = limits.h2_stream_window
+        self._connection_window = max(connection_window, _DEFAULT_WINDOW)
         self._max_header_list = max_header_list
+        self._clock = clock
+        now = clock()
+        self._resets = TokenBucket(limits.h2_reset_burst, limits.h2_reset_rate, now)
+        self._control = TokenBucket(limits.h2_control_burst, limits.h2_control_rate, now)
+        self._control_per_stream = limits.h2_control_per_stream
         self._decoder = hpack.Decoder(max_header_list_size=max_header_list)
         self._out: list[bytes] = []
         self._buffer = b""
@@ -169,6 +190,9 @@ class ServerConnection:
         self._block: list[bytes] = []
         self._block_size = 0
         self._block_end_stream = False
+        self.block_started: float | None = None
+        """When the header block being read began (None: none is): the owner bounds it
+        in time, as CONTINUATION frames may trickle."""
         self._refusing = False
         self._goaway_last: int | None = None
         # An answer's first block starts by setting the client's table to 0 (RFC 7541,
@@ -181,14 +205,14 @@ class ServerConnection:
         self._peer_window = _DEFAULT_WINDOW
         self._peer_stream_window = _DEFAULT_WINDOW
         self.max_outbound_frame_size = _DEFAULT_FRAME_SIZE
-        self._receive_window = _DEFAULT_WINDOW + window
+        self._receive_window = self._connection_window
         self._receive_unacked = 0
 
     # What the owner calls.
 
     def initiate(self) -> None:
         """Queues the server's preface: its SETTINGS, and the connection's window opened to
-        `window` as the streams' are."""
+        `connection_window`."""
         settings = b"".join(
             _SETTING.pack(code, value)
             for code, value in (
@@ -198,7 +222,9 @@ class ServerConnection:
             )
         )
         self._frame(_SETTINGS, 0, 0, settings)
-        self._frame(_WINDOW_UPDATE, 0, 0, _UINT32.pack(self._window))
+        if self._connection_window > _DEFAULT_WINDOW:
+            grant = self._connection_window - _DEFAULT_WINDOW
+            self._frame(_WINDOW_UPDATE, 0, 0, _UINT32.pack(grant))
 
     def data_to_send(self) -> bytes:
         out, self._out = self._out, []
@@ -279,6 +305,27 @@ class ServerConnection:
         if end_stream:
             self._close(stream_id)
 
+    def release(self, size: int) -> None:
+        """Gives `size` body bytes back to the connection's window: the owner handed them
+        to the app or dropped them. Sent in updates of at least a quarter of the window,
+        or when the window ran low."""
+        if size <= 0:
+            return
+        self._receive_unacked += size
+        if (
+            self._receive_unacked >= self._connection_window // 4
+            or self._receive_window < self._connection_window // 2
+        ):
+            self._frame(_WINDOW_UPDATE, 0, 0, _UINT32.pack(self._receive_unacked))
+            self._receive_window += self._receive_unacked
+            self._receive_unacked = 0
+
+    def reset_stream(self, stream_id: int, code: int = CANCEL) -> None:
+        """Resets an open stream from the server's side (the owner gave up on it); the
+        listener's `reset` is called."""
+        if stream_id in self._streams:
+            self._reset(stream_id, code)
+
     def goaway(self, code: int = NO_ERROR) -> None:
         """Queues GOAWAY naming the last stream taken; streams opened after it are refused.
         The streams taken are still to be answered."""
@@ -295,6 +342,8 @@ class ServerConnection:
     def _frame_received(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if self._block_stream and (kind != _CONTINUATION or stream_id != self._block_stream):
             self._fail(PROTOCOL_ERROR, "a header block interrupted")
+        if _costs_without_request(kind, flags, payload):
+            self._spend_control()
         if kind == _DATA:
             self._data(flags, stream_id, payload)
         elif kind == _HEADERS:
@@ -320,6 +369,8 @@ class ServerConnection:
             if len(payload) != 4:
                 self._fail(FRAME_SIZE_ERROR, "RST_STREAM of other than 4 bytes")
             self._idle_check(stream_id, "RST_STREAM")
+            if not self._resets.take(self._clock()):
+                self._fail(ENHANCE_YOUR_CALM, "streams reset faster than allowed")
             if self._streams.pop(stream_id, None) is not None:
                 self._listener.reset(stream_id)
         elif kind == _PRIORITY:
@@ -341,6 +392,10 @@ class ServerConnection:
             self._fail(PROTOCOL_ERROR, "PUSH_PROMISE from a client")
         # Frames of other types are ignored (5.5).
 
+    def _spend_control(self) -> None:
+        if not self._control.take(self._clock()):
+            self._fail(ENHANCE_YOUR_CALM, "frames without requests faster than allowed")
+
     def _idle_check(self, stream_id: int, what: str) -> None:
         # A client's streams are odd: an even one is never opened, so always idle.
         if stream_id > self._last_stream or not stream_id % 2:
@@ -360,25 +415,24 @@ class ServerConnection:
         self._receive_window -= length
         if self._receive_window < 0:
             self._fail(FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
-        # The window is given back as data arrives (the app's body limit, not the window,
-        # bounds what a stream holds), in updates of at least half of it.
-        self._receive_unacked += length
-        if self._receive_unacked >= self._window // 2:
-            self._frame(_WINDOW_UPDATE, 0, 0, _UINT32.pack(self._receive_unacked))
-            self._receive_window += self._receive_unacked
-            self._receive_unacked = 0
+        # The connection's window comes back only through `release`: what the owner was
+        # handed stays counted until it is handed on or dropped.
         data = self._unpad(flags, payload, "DATA")
         stream = self._streams.get(stream_id)
         if stream is None:
             self._idle_check(stream_id, "DATA")
-            return  # a stream reset or answered: what was in flight is dropped (5.4.2)
+            self.release(length)  # a stream reset or answered: dropped (5.4.2)
+            return
         if stream.remote_ended:
+            self.release(length)
             self._reset(stream_id, STREAM_CLOSED)
             return
         stream.receive_window -= length
         if stream.receive_window < 0:
+            self.release(length)
             self._reset(stream_id, FLOW_CONTROL_ERROR)
             return
+        self.release(length - len(data))  # the padding
         stream.received += len(data)
         end = bool(flags & _END_STREAM)
         if not end and stream.receive_window < self._window // 2:
@@ -388,6 +442,7 @@ class ServerConnection:
         if stream.declared is not None and (
             stream.received > stream.declared or (end and stream.received != stream.declared)
         ):
+            self.release(len(data))
             self._reset(stream_id, PROTOCOL_ERROR)  # body and content-length disagree
             return
         if end:
@@ -408,6 +463,7 @@ class ServerConnection:
         self._block = []
         self._block_size = 0
         self._block_end_stream = bool(flags & _END_STREAM)
+        self.block_started = self._clock()
         self._fragment(fragment, flags)
 
     def _fragment(self, fragment: bytes, flags: int) -> None:
@@ -422,6 +478,7 @@ class ServerConnection:
             self._fail(PROTOCOL_ERROR, "a header block over the header list limit")
         if flags & _END_HEADERS:
             stream_id, self._block_stream = self._block_stream, 0
+            self.block_started = None
             block = b"".join(self._block)
             self._block = []
             self._block_complete(stream_id, block)
@@ -450,8 +507,10 @@ class ServerConnection:
         if stream_id % 2 == 0:
             self._fail(PROTOCOL_ERROR, f"a client stream of even number {stream_id}")
         if stream_id <= self._last_stream:
+            self._spend_control()
             return  # on a stream already answered or reset: in flight, and dropped (5.4.2)
         self._last_stream = stream_id
+        self._control.give(self._control_per_stream)
         if self._refusing:
             self._frame(_RST_STREAM, 0, stream_id, _UINT32.pack(REFUSED_STREAM))
             return
@@ -560,6 +619,20 @@ class ServerConnection:
         last = self._last_stream if self._goaway_last is None else self._goaway_last
         self._frame(_GOAWAY, 0, 0, struct.pack(">LL", last, code))
         raise ConnectionFailed(code, message)
+
+
+def _costs_without_request(kind: int, flags: int, payload: bytes) -> bool:
+    """Whether a frame is one that makes the server work without bringing a request or
+    its body: what a flood is made of (RFC 9113, 10.5)."""
+    if kind in (_SETTINGS, _PING):
+        return not flags & _ACK
+    if kind in (_PRIORITY, _WINDOW_UPDATE):
+        return True
+    if kind == _DATA:
+        return not payload and not flags & _END_STREAM
+    if kind == _CONTINUATION:
+        return not payload and not flags & _END_HEADERS
+    return kind > _CONTINUATION  # a type gas does not know, ignored
 
 
 def _field(name: bytes, value: bytes) -> bytes:

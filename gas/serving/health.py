@@ -6,18 +6,16 @@ kubelet's HTTPS probes present none, so a probe of the main port can never succe
 health port answers the two probe routes through the same app as the main port (the same
 status and body); every other path is 404, so nothing but health leaves gas unencrypted
 and unauthenticated. The socket is bound by `gas serve` before gunicorn forks, so a port
-in use fails at start; the worker serves it on a thread.
+in use fails at start; the worker's serving loop serves it beside the main port, with the
+same limits (`gas.serving.front`), so a probe is answered whatever other peers do.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-import threading
 from collections.abc import Iterable
-from socketserver import ThreadingMixIn
-from typing import TYPE_CHECKING, Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+from typing import TYPE_CHECKING
 
 from gas.serving import routes, wire
 
@@ -65,57 +63,3 @@ def only_health(app: WSGIApplication) -> WSGIApplication:
         return [_NOT_FOUND]
 
     return health
-
-
-class _Server(ThreadingMixIn, WSGIServer):
-    # One thread per probe: a client that stalls holds only its own thread.
-    daemon_threads = True
-
-
-class _Handler(WSGIRequestHandler):
-    # Probes arrive every few seconds: at debug level, not one stderr line each.
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("health port: %s", format % args)
-
-    def get_stderr(self) -> Any:
-        return _LogStream()
-
-
-class _LogStream:
-    """wsgiref writes an app's tracebacks to the handler's stderr: into the log instead."""
-
-    def write(self, text: str) -> None:
-        if text.strip():
-            log.error("health port: %s", text.rstrip())
-
-    def flush(self) -> None:
-        return None
-
-
-class HealthServer:
-    """Serves `only_health(app)` on an already listening socket, on a daemon thread."""
-
-    def __init__(self, sock: socket.socket, app: WSGIApplication) -> None:
-        self._server = _Server(sock.getsockname()[:2], _Handler, bind_and_activate=False)
-        # The socket made before the fork replaces the one the constructor made.
-        self._server.socket.close()
-        self._server.socket = sock
-        self._server.server_address = sock.getsockname()
-        host, port = sock.getsockname()[:2]
-        # The address as it is (no name lookup: a pod's DNS may be slow or absent).
-        self._server.server_name = str(host)
-        self._server.server_port = port
-        self._server.setup_environ()
-        self._server.set_app(only_health(app))
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="health-port", daemon=True
-        )
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop serving; closes this process's copy of the socket."""
-        if self._thread.is_alive():
-            self._server.shutdown()
-        self._server.server_close()

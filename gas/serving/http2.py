@@ -1,153 +1,124 @@
-"""HTTP/2 on a TLS connection that chose it through ALPN: every call of kube-scheduler's
-extender client on one connection.
+"""HTTP/2 on a serving-loop connection that chose it through ALPN: every call of
+kube-scheduler's extender client on one connection.
 
 Go's HTTP client keeps two idle HTTP/1.1 connections per host; with binds in flight next
 to filters, kube-scheduler opens further ones and drops them, a new mutual-TLS handshake
 for about every third pod. Over HTTP/2 it multiplexes every call on a single connection.
 
-One thread (the worker's, which took the connection) reads the connection for its life
-and runs the protocol (`gas.serving.h2protocol`), so each open HTTP/2 connection holds one of the
-worker's threads (kube-scheduler opens one; an idle one is closed after the keep-alive
-time). A POST the app takes as `routes.DIRECT_POST` is answered there, as over HTTP/1.1:
-in the reader's thread for the paths that wait on nothing (`Settings.inline`), else on a
-pool, so a bind waiting on the API server does not hold up a filter; every other request
-goes through the app's WSGI side, with an environ built here, on the pool. Every use of
-the TLS socket and of the protocol's state is under one lock per connection (OpenSSL's
-connection object is not for two threads at once); a reply larger than the peer's
-flow-control window is sent on as the peer opens it.
+The protocol is `gas.serving.h2protocol`'s; this side keeps the streams. A stream's
+request is answered once whole: on the loop for the paths that wait on nothing
+(`Front.inline`), else on the pool, so a bind waiting on the API server does not hold up
+a filter. A stream reset before its answer began is not answered, nor run if it had not
+started. Its body stays counted (`Front.hold`, and the connection's flow-control window)
+until its answer is sent, so what a peer's streams hold is bounded by the window however
+many it opens; an answer larger than the peer's window waits for it to open.
 
-Limits: MAX_STREAMS concurrent streams (a client going past it loses the connection, as
-the protocol lets the server decide); a body over the app's limit is answered 413 (by the
-app, as over HTTP/1.1) as soon as it is known, and the rest of it dropped; header lists
-over the worker's header limit end the connection. An idle connection is closed after the
-keep-alive time, and on shutdown GOAWAY tells the client which streams were taken; those
-are answered before the connection closes.
+Deadlines (`gas.serving.limits.Limits`): a header block within `header_timeout`; each
+stream's whole request within `body_timeout` of its HEADERS, and its answer taken within
+`write_timeout` (else the stream is reset, the connection goes on); the first request
+within `header_timeout`; no open stream for `idle_timeout`: GOAWAY and close. Only
+requests count as activity. On shutdown GOAWAY names the streams taken, which are answered
+before the connection closes.
 """
 
 from __future__ import annotations
 
-import io
 import logging
-import select
-import ssl
-import sys
-import threading
-import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import Executor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
-from urllib.parse import unquote_to_bytes
+from typing import TYPE_CHECKING
 
-from gunicorn import http as gunicorn_http  # type: ignore[import-untyped]
-from gunicorn import sock as gunicorn_sock
+from gas.serving import answering, h2protocol
+from gas.serving.stats import CloseReason
 
-from gas.serving import direct, h2protocol
+if TYPE_CHECKING:
+    from gas.serving.connection import Connection
 
-__all__ = [
-    "MAX_STREAMS",
-    "Settings",
-    "init_connection",
-    "serve_connection",
-    "serve_worker_connection",
-]
+__all__ = ["Http2Session"]
 
 log = logging.getLogger(__name__)
 
-MAX_STREAMS = 64
-"""Streams a client may have open at once: kube-scheduler has one call per pod in its
-cycle and a bind per pod in flight, far fewer."""
-_WINDOW = 1 << 20
-"""The flow-control window granted to the client: a request body is not held up waiting
-for window updates."""
-_POLL = 0.5
-"""How often a quiet connection checks whether the worker stops or the connection idled."""
-_WRITE_TIMEOUT = 30.0
-_HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"}
-)
-
-Answer = tuple[str, list[tuple[str, str]], bytes]
-WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+_SPARE_WINDOW = 1024 * 1024
+"""The connection's window beyond one body at the app's limit: room for the small calls
+that go with a large one."""
+_WINDOW_WITHOUT_LIMIT = 8 * 1024 * 1024
 
 
-@dataclass(frozen=True)
-class Settings:
-    """What a connection is served with: the app (`wsgi`), its direct POSTs (None: none),
-    the app's body limit (None: none), the header list limit, the pool streams are
-    answered on, the keep-alive time, and whether the worker still serves."""
-
-    wsgi: WSGIApp
-    direct_post: direct.DirectPost | None
-    body_limit: int | None
-    header_limit: int
-    pool: Executor
-    keepalive: float
-    alive: Callable[[], bool]
-    server: tuple[str, int]
-    inline: frozenset[str] = frozenset()
-    """The direct POSTs' paths answered in the reader's thread: those that wait on nothing
-    (no I/O), for which a hand-off to the pool costs more than the answer."""
-
-
-@dataclass
+@dataclass(slots=True, eq=False)
 class _Stream:
     stream_id: int
     headers: list[tuple[bytes, bytes]]
+    opened: float
     method: str = ""
     path: str = ""
-    body: io.BytesIO = field(default_factory=io.BytesIO)
     declared: int | None = None
-    dispatched: bool = False
+    body: list[bytes] = field(default_factory=list)
+    size: int = 0
     ended: bool = False
-    """The client sent the whole request."""
+    dispatched: bool = False
     reset: bool = False
     pending: bytes = b""
-    """Reply bytes waiting for the peer's flow-control window."""
+    pending_since: float = 0.0
 
 
-class _Connection:
-    def __init__(self, sock: ssl.SSLSocket, client: Any, settings: Settings) -> None:
-        self.sock = sock
-        self.client = client
-        self.settings = settings
-        self.lock = threading.Lock()
+class Http2Session:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        front = conn.front
+        limit = conn.listener.app.body_limit
+        window = (_WINDOW_WITHOUT_LIMIT if limit is None else limit) + _SPARE_WINDOW
         self.h2 = h2protocol.ServerConnection(
             self,
-            max_streams=MAX_STREAMS,
-            window=_WINDOW,
-            max_header_list=settings.header_limit,
+            max_header_list=conn.listener.max_line,
+            connection_window=min(window, 2**31 - 1),
+            limits=front.limits,
+            clock=front.now,
         )
         self.streams: dict[int, _Stream] = {}
         self.in_flight = 0
-        self.closing = False
-        self.inline: list[_Stream] = []
+        self._inline: list[_Stream] = []
+        self._closing = False
+        self._deadline: float | None = None
+        self._deadline_reason = ""
 
-    # All under self.lock.
+    @property
+    def busy(self) -> bool:
+        return self.in_flight > 0 or any(s.pending for s in self.streams.values())
 
-    def _flush(self) -> None:
-        data = self.h2.data_to_send()
-        if data:
-            self.sock.settimeout(_WRITE_TIMEOUT)
-            try:
-                self.sock.sendall(data)
-            finally:
-                self.sock.setblocking(False)
+    def start(self) -> None:
+        self.h2.initiate()
+        self._flush()
+        self._expect(self.conn.front.limits.header_timeout, CloseReason.HEADER_TIMEOUT)
 
-    def _push(self, stream: _Stream) -> None:
-        """Sends what the window allows of the stream's waiting reply, the end with it."""
-        while stream.pending:
-            window = min(self.h2.window(stream.stream_id), self.h2.max_outbound_frame_size)
-            if window <= 0:
-                return
-            chunk, stream.pending = stream.pending[:window], stream.pending[window:]
-            self.h2.send_data(stream.stream_id, chunk, end_stream=not stream.pending)
-        self.streams.pop(stream.stream_id, None)
+    # Reading.
 
-    # The protocol's calls (h2protocol.Listener), made while it reads, under the lock.
+    def received(self, data: bytes) -> None:
+        if self.conn.closed:
+            return
+        try:
+            self.h2.receive(data)
+        except h2protocol.ConnectionFailed as exc:
+            self._flush()  # the GOAWAY
+            if exc.code == h2protocol.ENHANCE_YOUR_CALM:
+                reason = (
+                    CloseReason.RESET_FLOOD if "reset" in str(exc) else CloseReason.CONTROL_FLOOD
+                )
+            else:
+                reason = CloseReason.MALFORMED
+            self.conn.close(reason, f"HTTP/2: {exc}")
+            return
+        self._flush()
+        inline, self._inline = self._inline, []
+        for stream in inline:
+            self._answer_inline(stream)
+        if self.h2.ended and not self._closing:
+            self._closing = True  # the client sends no more: answer what it sent, then close
+        self._maybe_idle()
+
+    # The protocol's calls (h2protocol.Listener).
 
     def request(self, stream_id: int, headers: list[tuple[bytes, bytes]], end_stream: bool) -> None:
-        stream = _Stream(stream_id, headers, ended=end_stream)
+        stream = _Stream(stream_id, headers, self.conn.front.now(), ended=end_stream)
         for name, value in headers:
             if name == b":method":
                 stream.method = value.decode("latin-1")
@@ -156,262 +127,193 @@ class _Connection:
             elif name == b"content-length":
                 stream.declared = int(value)  # digits: the protocol checked it
         self.streams[stream_id] = stream
-        limit = self.settings.body_limit
+        self._deadline = None
+        self.conn.front.progressed(self.conn)
+        limit = self.conn.listener.app.body_limit
         if end_stream or (
             limit is not None and stream.declared is not None and stream.declared > limit
         ):
-            self._dispatch(stream)  # over the limit: the app refuses it unread, as over HTTP/1.1
+            self._dispatch(stream)  # over the limit: the app refuses it unread
 
     def data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
         stream = self.streams.get(stream_id)
-        if stream is None:
+        if stream is None or stream.dispatched:
+            self.h2.release(len(data))
+            if stream is not None and end_stream:
+                stream.ended = True
             return
         if end_stream:
             stream.ended = True
-        if stream.dispatched:
-            return
-        stream.body.write(data)
-        limit = self.settings.body_limit
-        if end_stream or (limit is not None and stream.body.tell() > limit):
+        if data:
+            stream.body.append(data)
+            stream.size += len(data)
+            self.conn.front.hold(self.conn, len(data))
+            if self.conn.closed:
+                return
+        limit = self.conn.listener.app.body_limit
+        if end_stream or (limit is not None and stream.size > limit):
             self._dispatch(stream)
 
     def reset(self, stream_id: int) -> None:
         stream = self.streams.pop(stream_id, None)
-        if stream is not None:
-            stream.reset = True
+        if stream is None:
+            return
+        stream.reset = True
+        stream.pending = b""
+        if not stream.dispatched:
+            self._release(stream)
 
     def window_opened(self, stream_id: int) -> None:
         if stream_id == 0:
-            targets = list(self.streams.values())
+            targets = [s for s in self.streams.values() if s.pending]
         else:
             one = self.streams.get(stream_id)
-            targets = [] if one is None else [one]
+            targets = [] if one is None or not one.pending else [one]
         for stream in targets:
-            if stream.pending:
-                self._push(stream)
+            self._push(stream)
 
-    # The reader.
-
-    def serve(self) -> None:
-        with self.lock:
-            self.h2.initiate()
-            self._flush()
-        poller = select.poll()
-        poller.register(self.sock.fileno(), select.POLLIN)
-        quiet_since = time.monotonic()
-        while True:
-            if not self.sock.pending() and not poller.poll(_POLL * 1000):
-                if self._should_close(quiet_since):
-                    return
-                continue
-            with self.lock:
-                try:
-                    data = self.sock.recv(65536)
-                except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
-                    continue
-                if not data:
-                    return
-                quiet_since = time.monotonic()
-                try:
-                    self.h2.receive(data)
-                except h2protocol.ConnectionFailed as exc:
-                    log.info("HTTP/2 protocol error from %s: %s", self.client, exc)
-                    self._flush()  # the GOAWAY
-                    return
-                self._flush()
-                inline, self.inline = self.inline, []
-            for stream in inline:
-                self._answer(stream)
-            if self.h2.ended:
-                return
-
-    def _should_close(self, quiet_since: float) -> bool:
-        """Whether to end the quiet connection: the worker stops, or it idled out."""
-        stopping = not self.settings.alive()
-        idle = time.monotonic() - quiet_since > self.settings.keepalive
-        with self.lock:
-            if not (stopping or (idle and self.in_flight == 0)):
-                return False
-            if not self.closing:
-                self.closing = True
-                # The streams taken are still answered; new ones are refused.
-                self.h2.goaway()
-                self._flush()
-            return self.in_flight == 0
+    # Answering.
 
     def _dispatch(self, stream: _Stream) -> None:
         stream.dispatched = True
         self.in_flight += 1
-        if (
-            stream.ended
-            and self.settings.direct_post is not None
-            and stream.method == "POST"
-            and stream.path in self.settings.inline
-        ):
-            self.inline.append(stream)
-        else:
-            self.settings.pool.submit(self._answer, stream)
+        front = self.conn.front
+        if stream.ended and stream.method == "POST" and stream.path in front.inline:
+            self._inline.append(stream)
+            return
+        request = self._request(stream)
+        app = self.conn.listener.app
 
-    # The pool's threads.
-
-    def _answer(self, stream: _Stream) -> None:
-        try:
-            try:
-                status, headers, body = self._reply(stream)
-            except Exception:
-                log.exception("HTTP/2 request on stream %d failed", stream.stream_id)
-                status, headers, body = "500 INTERNAL SERVER ERROR", [], b""
-            self._send(stream, status, headers, body)
-        except OSError as exc:
-            # The peer reset the stream or the connection is gone: nothing to answer.
-            log.debug("HTTP/2 stream %d not answered: %s", stream.stream_id, exc)
-        finally:
-            with self.lock:
-                self.in_flight -= 1
-
-    def _send(
-        self, stream: _Stream, status: str, headers: list[tuple[str, str]], body: bytes
-    ) -> None:
-        head = [(b":status", status[:3].encode("ascii"))]
-        for name, value in headers:
-            key = name.lower()
-            if key not in _HOP_BY_HOP:
-                head.append((key.encode("latin-1"), value.strip().encode("latin-1")))
-        with self.lock:
+        def job() -> answering.Answer | None:
             if stream.reset:
+                return None  # reset while it waited for a thread: not run
+            return answering.answer(app, request)
+
+        future = front.pool.submit(job)
+        loop = front.loop
+
+        def done(finished: Future[answering.Answer | None]) -> None:
+            loop.call_soon_threadsafe(self._answered_future, stream, finished)
+
+        future.add_done_callback(done)
+
+    def _request(self, stream: _Stream) -> answering.Request:
+        headers = []
+        for name, value in stream.headers:
+            if name == b":authority":
+                headers.append((b"host", value))
+            elif not name.startswith(b":"):
+                headers.append((name, value))
+        peer = self.conn.peer
+        return answering.Request(
+            method=stream.method,
+            target=stream.path,
+            headers=headers,
+            body=b"".join(stream.body),
+            protocol="HTTP/2",
+            client=peer if isinstance(peer, tuple) else None,
+            declared=stream.declared,
+        )
+
+    def _answer_inline(self, stream: _Stream) -> None:
+        if stream.reset or self.conn.closed:
+            self._answered(stream, None)
+            return
+        self._answered(stream, answering.answer(self.conn.listener.app, self._request(stream)))
+
+    def _answered_future(self, stream: _Stream, finished: Future[answering.Answer | None]) -> None:
+        self._answered(stream, finished.result())
+
+    def _answered(self, stream: _Stream, result: answering.Answer | None) -> None:
+        self.in_flight -= 1
+        self._release(stream)
+        if result is None:
+            self.conn.front.stats.reset_skipped += 1
+        if self.conn.closed:
+            return
+        if result is not None and not stream.reset:
+            self._send(stream, result)
+        self._maybe_idle()
+
+    def _send(self, stream: _Stream, result: answering.Answer) -> None:
+        status, headers, body = result
+        head = [(b":status", status[:3].encode("ascii")), *answering.strip_hop_by_hop(headers)]
+        if not body:
+            self.h2.send_headers(stream.stream_id, head, end_stream=True)
+            self.streams.pop(stream.stream_id, None)
+        else:
+            self.h2.send_headers(stream.stream_id, head, end_stream=False)
+            stream.pending = body
+            stream.pending_since = self.conn.front.now()
+            self._push(stream)
+        self._flush()
+
+    def _push(self, stream: _Stream) -> None:
+        """Sends what the peer's window allows of the stream's answer, its end with it."""
+        while stream.pending:
+            window = min(self.h2.window(stream.stream_id), self.h2.max_outbound_frame_size)
+            if window <= 0:
                 return
-            if not body:
-                self.h2.send_headers(stream.stream_id, head, end_stream=True)
-                self.streams.pop(stream.stream_id, None)
-            else:
-                self.h2.send_headers(stream.stream_id, head, end_stream=False)
-                stream.pending = body
-                self._push(stream)
+            chunk, stream.pending = stream.pending[:window], stream.pending[window:]
+            self.h2.send_data(stream.stream_id, chunk, end_stream=not stream.pending)
+        self.streams.pop(stream.stream_id, None)
+        self._flush()
+        self._maybe_idle()
+
+    def _release(self, stream: _Stream) -> None:
+        if stream.size:
+            self.h2.release(stream.size)
+            self.conn.front.unhold(self.conn, stream.size)
+            stream.size = 0
+            stream.body = []
             self._flush()
 
-    def _reply(self, stream: _Stream) -> Answer:
-        method, path = stream.method, stream.path
-        body = stream.body.getvalue()
-        limit = self.settings.body_limit
-        whole = limit is None or (len(body) <= limit and (stream.declared or 0) <= limit)
-        post = self.settings.direct_post
-        if post is not None and method == "POST" and whole:
-            answer = post(path, body)
-            if answer is not None:
-                return answer
-        return self._wsgi(stream, method, path, body)
+    def _flush(self) -> None:
+        data = self.h2.data_to_send()
+        if data:
+            self.conn.send(data)
 
-    def _wsgi(self, stream: _Stream, method: str, path: str, body: bytes) -> Answer:
-        raw_path, _, query = path.partition("?")
-        environ: dict[str, Any] = {
-            "REQUEST_METHOD": method,
-            "SCRIPT_NAME": "",
-            "PATH_INFO": unquote_to_bytes(raw_path).decode("latin-1"),
-            "QUERY_STRING": query,
-            "RAW_URI": path,
-            "SERVER_NAME": self.settings.server[0],
-            "SERVER_PORT": str(self.settings.server[1]),
-            "SERVER_PROTOCOL": "HTTP/2",
-            "REMOTE_ADDR": str(self.client[0]) if isinstance(self.client, tuple) else "",
-            "REMOTE_PORT": str(self.client[1]) if isinstance(self.client, tuple) else "",
-            "wsgi.version": (1, 0),
-            "wsgi.url_scheme": "https",
-            "wsgi.input": io.BytesIO(body),
-            "wsgi.input_terminated": True,
-            "wsgi.errors": sys.stderr,
-            "wsgi.multithread": True,
-            "wsgi.multiprocess": False,
-            "wsgi.run_once": False,
-        }
-        length = stream.declared if stream.declared is not None else len(body)
-        environ["CONTENT_LENGTH"] = str(length)
-        for name, value in stream.headers:
-            if name.startswith(b":"):
-                if name == b":authority":
-                    environ["HTTP_HOST"] = value.decode("latin-1")
-                continue
-            text = value.decode("latin-1")
-            if name == b"content-type":
-                environ["CONTENT_TYPE"] = text
-            elif name != b"content-length":
-                key = "HTTP_" + name.decode("latin-1").upper().replace("-", "_")
-                joiner = "; " if name == b"cookie" else ","
-                environ[key] = f"{environ[key]}{joiner}{text}" if key in environ else text
-        started: list[Any] = []
+    # Deadlines and the end.
 
-        def start_response(
-            status: str, headers: list[tuple[str, str]], exc_info: Any = None
-        ) -> Any:
-            started[:] = [status, headers]
-            return lambda data: None
+    def _expect(self, seconds: float, reason: str) -> None:
+        self._deadline = self.conn.front.now() + seconds
+        self._deadline_reason = reason
 
-        chunks = self.settings.wsgi(environ, start_response)
-        try:
-            data = b"".join(chunks)
-        finally:
-            close = getattr(chunks, "close", None)
-            if close is not None:
-                close()
-        status, headers = started
-        if method == "HEAD":
-            data = b""
-        return status, list(headers), data
+    def _maybe_idle(self) -> None:
+        if self.streams or self.in_flight or self.conn.closed:
+            return
+        if self._closing:
+            self._flush()
+            self.conn.close(CloseReason.SHUTDOWN if self.conn.front.stopping else CloseReason.DONE)
+        elif self._deadline is None:
+            self._expect(self.conn.front.limits.idle_timeout, CloseReason.IDLE_TIMEOUT)
 
+    def check(self, now: float) -> None:
+        limits = self.conn.front.limits
+        started = self.h2.block_started
+        if started is not None and now - started >= limits.header_timeout:
+            self._goaway_and_close(CloseReason.HEADER_TIMEOUT)
+            return
+        if self._deadline is not None and now >= self._deadline:
+            self._goaway_and_close(self._deadline_reason)
+            return
+        for stream in list(self.streams.values()):
+            late_body = not stream.dispatched and now - stream.opened >= limits.body_timeout
+            late_read = bool(stream.pending) and now - stream.pending_since >= limits.write_timeout
+            if late_body or late_read:
+                self.h2.reset_stream(stream.stream_id, h2protocol.CANCEL)
+        self._flush()
+        self._maybe_idle()
 
-def serve_connection(sock: ssl.SSLSocket, client: Any, settings: Settings) -> None:
-    """Serves the HTTP/2 connection `sock` (its TLS handshake done, h2 chosen) until it
-    ends, the client is quiet past the keep-alive time, or the worker stops; returns
-    with every taken stream answered, the socket left for the caller to close."""
-    sock.setblocking(False)
-    connection = _Connection(sock, client, settings)
-    try:
-        connection.serve()
-    except (OSError, ssl.SSLError) as exc:
-        log.debug("HTTP/2 connection from %s ended: %s", client, exc)
-    except Exception:
-        # Never handed back to gunicorn, which would answer it in HTTP/1.1.
-        log.exception("HTTP/2 connection from %s failed; closing it", client)
-    finally:
-        # Streams still being answered write to a closed socket and stop there.
-        deadline = time.monotonic() + _WRITE_TIMEOUT
-        while connection.in_flight and time.monotonic() < deadline:
-            time.sleep(0.01)
+    def _goaway_and_close(self, reason: str) -> None:
+        self.h2.goaway()
+        self._flush()
+        self.conn.close(reason)
 
-
-def init_connection(conn: Any, cfg: Any) -> None:
-    """gthread's `conn.init()` (gunicorn's connection `conn`, its configuration `cfg`),
-    except that a TLS connection that chose h2 is marked `is_http2` without a parser, for
-    `serve_worker_connection`, rather than given to gunicorn's HTTP/2, which answers a
-    connection's streams one after another."""
-    if not cfg.is_ssl:
-        conn.init()
-        return
-    conn.initialized = True
-    # The TLS handshake, bounded by the context's handshake timeout.
-    conn.sock = gunicorn_sock.ssl_wrap_socket(conn.sock, cfg)
-    if conn.sock.selected_alpn_protocol() == "h2":
-        conn.is_http2 = True
-        return
-    conn.parser = gunicorn_http.get_parser(cfg, conn.sock, conn.client)
-
-
-def serve_worker_connection(
-    worker: Any, conn: Any, pool: Executor, inline: frozenset[str] = frozenset()
-) -> None:
-    """`serve_connection` for gas's gunicorn worker `worker` (`gas.serving.server`) and its
-    connection `conn`, with the worker's app, direct POSTs and limits; `inline` as in
-    `Settings`."""
-    config = getattr(worker.wsgi, "config", {})
-    address = conn.server if isinstance(conn.server, tuple) else ("", 0)
-    settings = Settings(
-        wsgi=worker.wsgi,
-        direct_post=worker._direct,
-        body_limit=config.get("MAX_CONTENT_LENGTH"),
-        header_limit=worker.cfg.limit_request_field_size or 8190,
-        pool=pool,
-        keepalive=worker.cfg.keepalive or 75,
-        alive=lambda: bool(worker.alive),
-        server=(str(address[0]), int(address[1])),
-        inline=inline,
-    )
-    serve_connection(conn.sock, conn.client, settings)
+    def shutdown(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self.h2.goaway()
+        self._flush()
+        self._maybe_idle()

@@ -4,8 +4,8 @@ Decided in the calling process, before gunicorn forks, so that a bad flag or fil
 at once with a clear message: which cluster to serve (Kubernetes, or the built-in demo),
 the TLS files, leader election or the scheduler's Lease to follow, the extender's options,
 the health port's socket. Built in the worker, after the fork (threads do not survive it):
-the ledger, the cluster and its list+watch threads, the elector or follower, the Flask app,
-the health port's thread.
+the ledger, the cluster and its list+watch threads, the elector or follower, the Flask app.
+The health port is served by the worker's serving loop beside the main port.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from gas.cluster.leader import (
 from gas.cluster.protocol import Cluster
 from gas.core.allocator import Policy
 from gas.core.ledger import Ledger
-from gas.serving import health, server, tls
+from gas.serving import health, limit_flags, server, tls
 from gas.serving.extender import create_app
 from gas.serving.metrics import Metrics
 from gas.serving.service import Options
@@ -43,10 +43,6 @@ if TYPE_CHECKING:
 
 # The command's own logger: its messages read as `gas`'s, whichever module says them.
 log = logging.getLogger("gas")
-
-# Longer than Go's 90 s idle timeout, so kube-scheduler, not gas, closes idle connections:
-# a POST racing a server-side close would fail without a retry.
-KEEPALIVE_SECONDS = 120
 
 
 class StartupError(Exception):
@@ -80,8 +76,6 @@ class WorkerPlan:
     election: tuple[ElectionConfig, str] | None
     # The scheduler's Lease to follow instead, or None.
     follow: FollowPlan | None = None
-    # The health port's listening socket (bound before the fork), or None.
-    health_socket: socket.socket | None = None
 
 
 def run(args: argparse.Namespace, version: str) -> int:
@@ -99,7 +93,11 @@ def run(args: argparse.Namespace, version: str) -> int:
         cert, key = tls_files(args, demo)
         election = election_config(args, demo)
         follow = follow_config(args, demo)
+        limits = limit_flags.limits_from_args(args)
         health_socket = health_listener(args)
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
     except StartupError as exc:
         log.error("%s", exc)
         return exc.status
@@ -110,7 +108,6 @@ def run(args: argparse.Namespace, version: str) -> int:
         kubeconfig,
         election,
         follow,
-        health_socket,
     )
     worker = Worker(plan)
     host = args.host or ("127.0.0.1" if demo else "0.0.0.0")
@@ -125,7 +122,8 @@ def run(args: argparse.Namespace, version: str) -> int:
         cafile=None if args.unsafe else args.cacert,
         unsafe=args.unsafe,
         threads=args.threads,
-        keepalive=KEEPALIVE_SECONDS,
+        limits=limits,
+        health_socket=health_socket,
         # kube-scheduler's client then carries every call on one connection instead of
         # a new mutual-TLS handshake every few pods; clients not offering h2 keep HTTP/1.1.
         http2=True,
@@ -264,7 +262,6 @@ class Worker:
     def __init__(self, plan: WorkerPlan) -> None:
         self._plan = plan
         self._electors: list[Leadership] = []
-        self._health: list[health.HealthServer] = []
 
     def build_app(self) -> Flask:
         # Runs in the gunicorn worker, where the ledger and its sync threads must live.
@@ -274,12 +271,7 @@ class Worker:
         cluster = self._cluster(ledger, metrics)
         cluster.start()
         ready = cluster.ready if isinstance(cluster, LeaderGatedCluster) else None
-        app = create_app(ledger, cluster, plan.options, metrics, ready)
-        if plan.health_socket is not None:
-            health_server = health.HealthServer(plan.health_socket, app.wsgi_app)
-            health_server.start()
-            self._health.append(health_server)
-        return app
+        return create_app(ledger, cluster, plan.options, metrics, ready)
 
     def _cluster(self, ledger: Ledger, metrics: Metrics) -> Cluster:
         plan = self._plan
@@ -327,5 +319,3 @@ class Worker:
         # takes over at once rather than after leaseDuration).
         for elector in self._electors:
             elector.stop()
-        for health_server in self._health:
-            health_server.stop()

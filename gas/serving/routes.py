@@ -19,7 +19,11 @@ LEDGER = "/debug/ledger"
 
 DIRECT_POST = "gas_direct_post"
 """The attribute under which an app served by `gas.serving.server` offers the POSTs the
-server answers without gunicorn's parser or WSGI (`gas.serving.direct.DirectPost`)."""
+server answers without a WSGI environ (`gas.serving.direct.DirectPost`)."""
+
+SERVING_STATS = "gas_serving_stats"
+"""The attribute under which an app served by `gas.serving.server` takes the serving loop's
+counters (`gas.serving.stats.ServingStats`, a Prometheus collector) once, at start."""
 
 CONNECTION_OPENED = "gas_connection_opened"
 """The attribute under which an app served by `gas.serving.server` takes note of each

@@ -14,13 +14,11 @@ import logging
 
 from gas.core.admission import GAS_SCHEDULER
 from gas.serving.goflags import add_go_bool
+from gas.serving.limit_flags import add_limit_flags, limits_from_args
 
 log = logging.getLogger("gas")
 
 DEFAULT_PORT = 9443
-# Longer than Go's 90 s idle timeout, so the API server, not gas, closes idle
-# connections: a review racing a server-side close would fail the pod's creation.
-KEEPALIVE_SECONDS = 120
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_go_bool(parser, "--enableDenylist", "as gas serve's: a malformed gas-deny is refused")
     parser.add_argument("--threads", type=int, default=4, help="request threads (4)")
     parser.add_argument("--v", type=int, default=2, help="log verbosity: 0-3 info, 4+ debug")
+    add_limit_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,6 +65,11 @@ def run(args: argparse.Namespace) -> int:
         validate_only=args.validateOnly,
         policy=Policy(allowlist=args.enableAllowlist, denylist=args.enableDenylist),
     )
+    try:
+        limits = limits_from_args(args)
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
     server_settings = server.ServerSettings(
         host=args.host,
         port=args.port,
@@ -73,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         keyfile=args.key,
         cafile=None,
         threads=args.threads,
-        keepalive=KEEPALIVE_SECONDS,
+        limits=limits,
     )
     mode = "validating only" if settings.validate_only else f"sending GPU pods to {name}"
     log.info("gas webhook serving https://%s:%d (%s)", args.host, args.port, mode)

@@ -88,6 +88,7 @@ def create_app(settings: Settings, metrics: WebhookMetrics | None = None) -> Fla
     app.register_error_handler(BadRequest, bad_request)
     app.register_error_handler(HTTPException, http_error)
     app.register_error_handler(Exception, internal_error)
+    setattr(app, routes.SERVING_STATS, metrics.registry.register)
     return app
 
 

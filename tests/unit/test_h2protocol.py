@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from gas.serving import h2protocol
 from gas.serving.h2protocol import ConnectionFailed, ServerConnection
+from gas.serving.limits import Limits
 
 WINDOW = 1 << 20
 MAX_STREAMS = 8
@@ -33,6 +34,21 @@ REQUEST = [
     (b"user-agent", b"kube-scheduler/v1.28.0"),
     (b"accept-encoding", b"gzip"),
 ]
+
+
+def server_connection(
+    listener: h2protocol.Listener,
+    max_streams: int = MAX_STREAMS,
+    max_header_list: int = HEADER_LIMIT,
+    **limits: object,
+) -> ServerConnection:
+    """A server connection whose streams and connection have WINDOW, as gas's had."""
+    return ServerConnection(
+        listener,
+        max_header_list=max_header_list,
+        connection_window=WINDOW,
+        limits=Limits(h2_max_streams=max_streams, h2_stream_window=WINDOW, **limits),  # type: ignore[arg-type]
+    )
 
 
 @dataclass
@@ -68,9 +84,7 @@ class Pair:
 
     def __init__(self, max_header_list: int = HEADER_LIMIT) -> None:
         self.listener = Recorder()
-        self.server = ServerConnection(
-            self.listener, max_streams=MAX_STREAMS, window=WINDOW, max_header_list=max_header_list
-        )
+        self.server = server_connection(self.listener, max_header_list=max_header_list)
         self.client = h2.connection.H2Connection(
             h2.config.H2Configuration(client_side=True, header_encoding=None)
         )
@@ -236,8 +250,191 @@ def test_a_client_sending_far_more_than_the_window_is_never_held_up() -> None:
             pair.to_server()
             pair.to_client()
         pair.answer(stream_id, b"{}")
+        pair.server.release(len(body))  # the owner is done with the body
         pair.to_client()
     assert sum(len(b) for b in pair.listener.bodies().values()) == 30 * len(body)
+
+
+def test_what_a_client_may_send_is_bounded_by_what_the_owner_released() -> None:
+    pair = Pair()
+    chunk = b"z" * 16384
+    sent = 0
+    for _ in range(8):  # streams that never end, each as far as its window lets it
+        stream_id = pair.client.get_next_available_stream_id()
+        pair.client.send_headers(stream_id, REQUEST)
+        while min(
+            pair.client.local_flow_control_window(stream_id),
+            pair.client.outbound_flow_control_window,
+        ) >= len(chunk):
+            pair.client.send_data(stream_id, chunk)
+            sent += len(chunk)
+        pair.to_server()
+        pair.to_client()
+    # Whatever the streams' windows, the connection's holds what the owner still has.
+    held = sum(len(b) for b in pair.listener.bodies().values())
+    assert held == sent
+    assert WINDOW - len(chunk) < held <= WINDOW
+    pair.server.release(held)
+    pair.to_client()
+    assert pair.client.outbound_flow_control_window == WINDOW
+
+
+def test_data_beyond_the_connections_window_ends_the_connection() -> None:
+    pair = Pair()
+    stream_id = pair.client.get_next_available_stream_id()
+    pair.client.send_headers(stream_id, REQUEST)
+    pair.to_server()
+    wire = b"".join(frame(0x0, 0, stream_id, b"q" * 16384) for _ in range(WINDOW // 16384 + 1))
+    with pytest.raises(ConnectionFailed) as failed:
+        pair.server.receive(wire)
+    assert failed.value.code == h2protocol.FLOW_CONTROL_ERROR
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def limited_pair(clock: Clock, **limits: object) -> Pair:
+    pair = Pair.__new__(Pair)
+    pair.listener = Recorder()
+    pair.server = ServerConnection(
+        pair.listener,
+        max_header_list=HEADER_LIMIT,
+        connection_window=WINDOW,
+        limits=Limits(h2_max_streams=MAX_STREAMS, h2_stream_window=WINDOW, **limits),  # type: ignore[arg-type]
+        clock=clock,
+    )
+    pair.client = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=True, header_encoding=None)
+    )
+    pair.client_events = []
+    pair.server.initiate()
+    pair.client.initiate_connection()
+    pair.to_server()
+    pair.to_client()
+    pair.to_server()
+    return pair
+
+
+def reset_streams(pair: Pair, count: int) -> None:
+    for _ in range(count):
+        stream_id = pair.client.get_next_available_stream_id()
+        pair.client.send_headers(stream_id, REQUEST)
+        pair.client.reset_stream(stream_id)
+    pair.to_server()
+
+
+def test_resets_within_the_burst_pass_and_one_more_gets_enhance_your_calm() -> None:
+    clock = Clock()
+    pair = limited_pair(clock, h2_reset_burst=10, h2_reset_rate=1.0)
+    reset_streams(pair, 10)
+    assert [c[0] for c in pair.listener.calls].count("reset") == 10
+    with pytest.raises(ConnectionFailed) as failed:
+        reset_streams(pair, 1)
+    assert failed.value.code == h2protocol.ENHANCE_YOUR_CALM
+    assert "reset" in str(failed.value)
+    assert goaway_code(pair.server.data_to_send()) == h2protocol.ENHANCE_YOUR_CALM
+
+
+def test_resets_come_back_at_their_rate() -> None:
+    clock = Clock()
+    pair = limited_pair(clock, h2_reset_burst=10, h2_reset_rate=2.0)
+    reset_streams(pair, 10)
+    clock.now += 0.99  # 1.98 resets earned: one
+    reset_streams(pair, 1)
+    with pytest.raises(ConnectionFailed):
+        reset_streams(pair, 1)
+
+
+def pings(pair: Pair, count: int) -> None:
+    for n in range(count):
+        pair.client.ping(n.to_bytes(8, "big"))
+    pair.to_server()
+
+
+def test_pings_within_the_burst_pass_and_one_more_gets_enhance_your_calm() -> None:
+    clock = Clock()
+    # The client's preface SETTINGS was the first frame of the burst.
+    pair = limited_pair(clock, h2_control_burst=11, h2_control_rate=0.0)
+    pings(pair, 10)
+    assert len(pair.to_client()) == 10  # each acknowledged
+    with pytest.raises(ConnectionFailed) as failed:
+        pings(pair, 1)
+    assert failed.value.code == h2protocol.ENHANCE_YOUR_CALM
+    assert "reset" not in str(failed.value)
+
+
+def test_each_request_earns_frames_and_time_earns_frames() -> None:
+    clock = Clock()
+    pair = limited_pair(clock, h2_control_burst=11, h2_control_rate=4.0, h2_control_per_stream=3)
+    pings(pair, 10)
+    pair.post(b"{}")  # earns 3
+    pings(pair, 3)
+    with pytest.raises(ConnectionFailed):
+        pings(pair, 1)
+    clock.now += 0.5  # 2 more
+    pair = limited_pair(clock, h2_control_burst=11, h2_control_rate=4.0)
+    pings(pair, 10)
+    clock.now += 0.5
+    pings(pair, 2)
+    with pytest.raises(ConnectionFailed):
+        pings(pair, 1)
+
+
+@pytest.mark.parametrize(
+    ("kind", "flags", "payload", "costs"),
+    [
+        (0x6, 0, b"\0" * 8, True),  # PING
+        (0x6, 0x1, b"\0" * 8, False),  # PING acknowledgement
+        (0x4, 0, b"", True),  # SETTINGS
+        (0x4, 0x1, b"", False),  # SETTINGS acknowledgement
+        (0x8, 0, b"\0\0\0\1", True),  # WINDOW_UPDATE
+        (0x2, 0, b"\0" * 5, True),  # PRIORITY
+        (0x0, 0, b"", True),  # empty DATA
+        (0x0, 0x1, b"", False),  # empty DATA ending the stream
+        (0x0, 0, b"x", False),  # DATA with a body
+        (0x9, 0, b"", True),  # empty CONTINUATION
+        (0x9, 0x4, b"", False),  # CONTINUATION ending a block
+        (0x20, 0, b"", True),  # unknown type
+    ],
+)
+def test_which_frames_cost_work_without_a_request(
+    kind: int, flags: int, payload: bytes, costs: bool
+) -> None:
+    assert h2protocol._costs_without_request(kind, flags, payload) is costs
+
+
+def test_a_header_block_in_progress_is_timed_from_its_headers_frame() -> None:
+    clock = Clock()
+    pair = limited_pair(clock)
+    assert pair.server.block_started is None
+    block = hpack.Encoder().encode(REQUEST)
+    pair.server.receive(frame(0x1, 0x1, 1, block[:5]))
+    assert pair.server.block_started == clock.now
+    clock.now += 3
+    pair.server.receive(frame(0x9, 0, 1, block[5:8]))
+    assert pair.server.block_started == clock.now - 3  # a fragment does not restart it
+    pair.server.receive(frame(0x9, 0x4, 1, block[8:]))
+    assert pair.server.block_started is None
+    assert pair.listener.calls[-1][0] == "request"
+
+
+def test_the_owner_resets_a_stream() -> None:
+    pair = Pair()
+    pair.client.send_headers(1, REQUEST)
+    pair.to_server()
+    pair.server.reset_stream(1)
+    assert pair.listener.calls[-1] == ("reset", 1)
+    events = pair.to_client()
+    assert any(
+        isinstance(e, h2.events.StreamReset) and e.error_code == h2protocol.CANCEL for e in events
+    )
+    pair.server.reset_stream(1)  # gone: nothing more
+    assert pair.server.data_to_send() == b""
 
 
 def test_the_client_preface_must_come_first_and_with_settings() -> None:
@@ -245,7 +442,7 @@ def test_the_client_preface_must_come_first_and_with_settings() -> None:
         b"GET / HTTP/1.1\r\nHost: gas\r\n\r\n",
         h2protocol.PREFACE + frame(8, 0, 0, b"\0\0\0\1"),
     ):
-        server = ServerConnection(Recorder(), max_streams=4, window=WINDOW, max_header_list=8190)
+        server = server_connection(Recorder(), max_streams=4)
         with pytest.raises(ConnectionFailed) as failed:
             server.receive(first)
         assert failed.value.code == h2protocol.PROTOCOL_ERROR
@@ -254,7 +451,7 @@ def test_the_client_preface_must_come_first_and_with_settings() -> None:
 
 def test_the_preface_may_come_a_byte_at_a_time() -> None:
     listener = Recorder()
-    server = ServerConnection(listener, max_streams=4, window=WINDOW, max_header_list=8190)
+    server = server_connection(listener, max_streams=4)
     client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     client.initiate_connection()
     client.send_headers(1, REQUEST, end_stream=True)
@@ -275,9 +472,9 @@ def test_however_the_bytes_are_cut_the_listener_hears_the_same(cuts: list[int]) 
         client.send_data(stream_id, body, end_stream=True)
     wire = client.data_to_send()
     whole = Recorder()
-    ServerConnection(whole, max_streams=4, window=WINDOW, max_header_list=8190).receive(wire)
+    server_connection(whole, max_streams=4).receive(wire)
     cut = Recorder()
-    server = ServerConnection(cut, max_streams=4, window=WINDOW, max_header_list=8190)
+    server = server_connection(cut, max_streams=4)
     offset = 0
     for size in cuts:
         server.receive(wire[offset : offset + size])
@@ -502,10 +699,17 @@ def test_answer_fields_decode_as_sent_and_leave_the_clients_table_empty() -> Non
 
 
 def test_empty_continuation_frames_cannot_grow_a_header_block_for_ever() -> None:
+    # Past the rate of frames without requests first...
     pair = Pair()
     flood = frame(0x1, 0, 1, b"") + frame(0x9, 0, 1, b"") * 100_000
     with pytest.raises(ConnectionFailed) as failed:
         pair.server.receive(flood)
+    assert failed.value.code == h2protocol.ENHANCE_YOUR_CALM
+    # ...and, with no such rate, past the header block's bound.
+    server = server_connection(Recorder(), h2_control_burst=10**6)
+    server.receive(h2protocol.PREFACE + frame(0x4, 0, 0, b""))
+    with pytest.raises(ConnectionFailed) as failed:
+        server.receive(flood)
     assert failed.value.code == h2protocol.PROTOCOL_ERROR
     assert pair.listener.calls == []
 
