@@ -1,9 +1,10 @@
-"""CPU of gas's HTTP/2 serving per request, framing alone: `serve_connection` in process
-on a real mutual-TLS socket, a direct POST that answers at once (in the reader's
-thread), and a client (the `h2` package) sending filters one after another on one
-connection. The filters cycle through distinct pod shapes and node sets, as kube-scheduler's
-queue sends them, so bodies and answers vary in size as users' do. Prints the reader
-thread's CPU per request; never fails on time.
+"""CPU of gas's HTTP/2 serving per request, framing alone: the serving loop
+(`gas.serving.front`) in process on a real mutual-TLS socket, a direct POST that answers at
+once (on the loop's thread, as filter is), and a client (the `h2` package) sending filters
+one after another on one connection. The filters cycle through distinct pod shapes and
+node sets, as kube-scheduler's queue sends them, so bodies and answers vary in size as
+users' do. Prints the loop thread's CPU per request (TLS, HTTP/2, the answer's
+hand-over); never fails on time.
 
     .venv/bin/python -m benchmarks.http2_framing [--requests N] [--runs R]
 """
@@ -11,10 +12,10 @@ thread's CPU per request; never fails on time.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import json
 import socket
-import ssl
 import tempfile
 import threading
 import time
@@ -23,7 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.workload import pod_object, queue_shapes
-from gas.serving import http2
+from gas.serving import tls
+from gas.serving.answering import App
+from gas.serving.connection import Listener
+from gas.serving.front import Front
+from gas.serving.limits import Limits
 from tests.support.gasproc import TLSFiles, make_tls_files
 from tests.support.h2client import H2Client
 
@@ -72,38 +77,25 @@ def _wsgi(environ: dict[str, Any], start_response: Any) -> list[bytes]:
     return []
 
 
-def run(tls: TLSFiles, requests: int) -> float:
-    """The reader thread's CPU ms per filter over `requests` filters on one connection."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(tls.server_cert, tls.server_key)
-    context.load_verify_locations(tls.ca)
-    context.verify_mode = ssl.CERT_REQUIRED
-    context.set_alpn_protocols(["h2"])
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    pool = ThreadPoolExecutor(2)
-    settings = http2.Settings(
-        wsgi=_wsgi,
-        direct_post=_direct,
-        body_limit=1 << 20,
-        header_limit=8190,
-        pool=pool,
-        keepalive=30.0,
-        alive=lambda: True,
-        server=("127.0.0.1", port),
-        inline=frozenset({"/filter"}),
+def run(tls_files: TLSFiles, requests: int) -> float:
+    """The serving loop thread's CPU ms per filter over `requests` filters on one
+    connection."""
+    context = tls.server_ssl_context(
+        tls_files.server_cert, tls_files.server_key, tls_files.ca, alpn_protocols=("h2",)
     )
-
-    def server() -> None:
-        raw, client = listener.accept()
-        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock = context.wrap_socket(raw, server_side=True)
-        http2.serve_connection(sock, client, settings)
-        sock.close()
-
-    thread = threading.Thread(target=server)
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    pool = ThreadPoolExecutor(2)
+    loop = asyncio.new_event_loop()
+    front = Front(loop, Limits(), pool, inline=frozenset({"/filter"}))
+    app = App(_wsgi, _direct, 1 << 20, "https", ("127.0.0.1", port))
+    loop.run_until_complete(front.listen(sock, Listener(app, lambda: context, http2=True)))
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=lambda: loop.run_until_complete(front.run(lambda: not stop.is_set()))
+    )
     thread.start()
-    with H2Client(port, tls) as client:
+    with H2Client(port, tls_files) as client:
         client.settings()
         for body, _ in _FILTERS[:20]:  # warm the header tables
             assert client.request("POST", "/filter", body).status == 200
@@ -115,8 +107,9 @@ def run(tls: TLSFiles, requests: int) -> float:
             response = client.request("POST", "/filter", body)
             assert response.status == 200 and response.body == answer
         used = time.clock_gettime(clock) - start
+    stop.set()
     thread.join()
-    listener.close()
+    loop.close()
     pool.shutdown()
     return used * 1000 / requests
 
@@ -127,10 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as directory:
-        tls = make_tls_files(Path(directory))
-        figures = [run(tls, args.requests) for _ in range(args.runs)]
+        files = make_tls_files(Path(directory))
+        figures = [run(files, args.requests) for _ in range(args.runs)]
     print(
-        f"HTTP/2 reader CPU per filter ({args.requests} on one connection, {args.runs} runs): "
+        f"HTTP/2 serving loop CPU per filter ({args.requests} on one connection, "
+        f"{args.runs} runs): "
         + ", ".join(f"{f:.3f}" for f in figures)
         + f" ms (min {min(figures):.3f})"
     )

@@ -117,7 +117,7 @@ class Connection(asyncio.Protocol):
         if not self.front.add(self):
             return
         if self.listener.tls is None:
-            self._start("http/1.1")
+            self.start_protocol("http/1.1")
             return
         self.expect(self.front.limits.handshake_timeout, CloseReason.HANDSHAKE_TIMEOUT)
         try:
@@ -228,7 +228,7 @@ class Connection(asyncio.Protocol):
             log.debug("TLS handshake with %s failed: %s", self.peer, exc)
             return False
         self._flush_tls()
-        self._start(self._tls.selected_alpn_protocol() or "http/1.1")
+        self.start_protocol(self._tls.selected_alpn_protocol() or "http/1.1")
         return not self.closed
 
     def _read_tls(self) -> None:
@@ -257,9 +257,10 @@ class Connection(asyncio.Protocol):
         if out:
             self.transport.write(out)
 
-    def _start(self, protocol: str) -> None:
+    def start_protocol(self, protocol: str) -> None:
         from gas.serving import http1, http2
 
+        self.expect(None)  # the handshake's; the session sets its own
         opened = self.listener.app.opened
         if opened is not None:
             opened(protocol)

@@ -130,9 +130,10 @@ class Http1Session:
         self._dispatched = False
         self._head_done = False
         self._head_bytes = 0
-        limits = self.conn.front.limits
-        if not self._ready and not self._answering:
-            self.conn.expect(limits.header_timeout, CloseReason.HEADER_TIMEOUT)
+        if self.conn.deadline_reason == CloseReason.IDLE_TIMEOUT:
+            # The next request: its head is timed from its first byte. The first
+            # request's is timed from the connection's start.
+            self.conn.expect(self.conn.front.limits.header_timeout, CloseReason.HEADER_TIMEOUT)
 
     def on_url(self, url: bytes) -> None:
         self._url += url

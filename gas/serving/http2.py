@@ -184,9 +184,11 @@ class Http2Session:
         request = self._request(stream)
         app = self.conn.listener.app
 
+        conn = self.conn
+
         def job() -> answering.Answer | None:
-            if stream.reset:
-                return None  # reset while it waited for a thread: not run
+            if stream.reset or conn.closed:
+                return None  # reset, or the connection gone, while it waited: not run
             return answering.answer(app, request)
 
         future = front.pool.submit(job)

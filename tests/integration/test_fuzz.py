@@ -29,7 +29,6 @@ from hypothesis import strategies as st
 
 from gas.core import model
 from gas.core.quantity import MAX_QUANTITY, QuantityError, parse_quantity
-from gas.serving.server import _DeadlineSocket, _request_complete
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.ledger_checks import gas_serving, ledger_of
@@ -666,41 +665,6 @@ def test_slow_clients_cannot_hold_the_threads(server: GasProcess, tls_files: TLS
             sock.close()
         for worker in workers:
             worker.join(timeout=5)
-
-
-def test_request_completeness_rules() -> None:
-    head = b"POST / HTTP/1.1\r\nHost: x\r\n"
-    assert not _request_complete(head)
-    assert _request_complete(head + b"\r\n")
-    assert not _request_complete(head + b"Content-Length: 5\r\n\r\nabc")
-    assert _request_complete(head + b"content-length:5\r\n\r\nabcde")
-    # Over the app's limit: complete at once, so that the app answers 413 unread.
-    assert _request_complete(head + b"Content-Length: 5000\r\n\r\n", 1000)
-    assert _request_complete(head + b"Content-Length: x\r\n\r\n")
-    assert _request_complete(head + b"Expect: 100-continue\r\nContent-Length: 9\r\n\r\n")
-    chunked = head + b"Transfer-Encoding: chunked\r\n\r\n"
-    assert not _request_complete(chunked + b"3\r\nabc\r\n")
-    assert _request_complete(chunked + b"3\r\nabc\r\n0\r\n\r\n")
-    assert _request_complete(chunked + b"0;x=y\r\nTrailer: 1\r\n\r\n")
-    assert _request_complete(chunked + b"a" * 2000, 1000)
-    assert _request_complete(b"x" * (70 * 1024))
-
-
-def test_deadline_socket_times_out_a_stalled_read() -> None:
-    left, right = socket.socketpair()
-    with left, right:
-        wrapped = _DeadlineSocket(left)
-        right.sendall(b"ab")
-        assert wrapped.recv(10) == b"ab"
-        wrapped.deadline = time.monotonic() + 0.2
-        started = time.monotonic()
-        with pytest.raises(TimeoutError):
-            wrapped.recv(10)
-        assert time.monotonic() - started < 2
-        assert left.gettimeout() is None  # the socket's own timeout is restored
-        wrapped.deadline = time.monotonic() - 1
-        with pytest.raises(TimeoutError):
-            wrapped.recv(10)
 
 
 # ------------------------------------------------------------------ in-process parsers

@@ -18,7 +18,7 @@ import h2.errors
 import pytest
 from hyperframe.frame import HeadersFrame
 
-from gas.serving.http2 import MAX_STREAMS
+from gas.serving.limits import DEFAULT_LIMITS
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.h2client import MAX_CONCURRENT_STREAMS, H2Client
@@ -26,6 +26,7 @@ from tests.support.ledger_checks import gas_serving, ledger_of
 from tests.support.objects import binding_args, gpu_node, gpu_pod
 from tests.support.promtext import total
 
+MAX_STREAMS = DEFAULT_LIMITS.h2_max_streams
 MAX_BODY = 256 * 1024
 NODES = ["two-cards", "four-cards"]
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from flask import Flask, jsonify, request
 
+from gas.serving.limits import Limits
 from gas.serving.server import ServerSettings, serve
 
 _state_lock = threading.Lock()
@@ -105,7 +106,7 @@ def main() -> None:
         unsafe=args.unsafe,
         threads=args.threads,
         graceful_timeout=args.graceful_timeout,
-        handshake_timeout=args.handshake_timeout,
+        limits=Limits(handshake_timeout=args.handshake_timeout),
         log_level="debug",
         on_worker_exit=on_worker_exit,
     )
