@@ -110,9 +110,7 @@ class Rig:
         self.clock = Clock()
         self.pool = Pool()
         self.stats = ServingStats(clock=self.clock)
-        self.front = Front(
-            self.loop, Limits(**limits), self.pool, self.stats, clock=self.clock
-        )
+        self.front = Front(self.loop, Limits(**limits), self.pool, self.stats, clock=self.clock)
         app = App(wsgi, None, 1000, "http", ("127.0.0.1", 9001))
         self.listener = Listener(app, None, http2=True)
 
@@ -260,7 +258,7 @@ def test_at_the_connection_bound_the_longest_idle_one_makes_room() -> None:
     rig = Rig(max_connections=3)
     first, first_t = rig.connect()
     second, second_t = rig.connect()
-    third, third_t = rig.connect()
+    _third, third_t = rig.connect()
     first.data_received(get())  # busy: answering
     second.data_received(get()[:3])  # reading a head: not busy
     rig.connect()
