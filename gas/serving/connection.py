@@ -56,6 +56,10 @@ class Session(Protocol):
 
     def received(self, data: bytes) -> None: ...
 
+    @property
+    def pending_bytes(self) -> int:
+        """Answer bytes waiting for the peer's flow-control window."""
+
     def check(self, now: float) -> None:
         """Enforces the session's own deadlines (HTTP/2's per stream)."""
 
@@ -72,7 +76,9 @@ class Connection(asyncio.Protocol):
         self.session: Session | None = None
         self.closed = False
         self.held = 0
-        """Request bytes this connection holds (`Front.hold`)."""
+        """Bytes this connection holds (`Front.hold`): request bodies not yet answered,
+        and output its peer has not taken."""
+        self._output_held = 0
         self.deadline: float | None = None
         self.deadline_reason = ""
         self._write_blocked_at: float | None = None
@@ -164,6 +170,7 @@ class Connection(asyncio.Protocol):
             return
         if self._tls is None:
             self.transport.write(data)
+            self.count_output()
             return
         view = memoryview(data)
         try:
@@ -174,6 +181,21 @@ class Connection(asyncio.Protocol):
             self.close(CloseReason.MALFORMED, f"TLS: {exc}")
             return
         self._flush_tls()
+        self.count_output()
+
+    def count_output(self) -> None:
+        """Counts what waits to go out (`Front.hold`): queued in the transport, or for
+        the peer's window."""
+        if self.closed or self.transport is None:
+            return
+        waiting = self.transport.get_write_buffer_size()
+        if self.session is not None:
+            waiting += self.session.pending_bytes
+        change, self._output_held = waiting - self._output_held, waiting
+        if change > 0:
+            self.front.hold(self, change)
+        elif change < 0:
+            self.front.unhold(self, -change)
 
     def close(self, reason: str, detail: str = "") -> None:
         """Closes the connection for `reason` (`CloseReason`), counted and, for abuse,
@@ -206,6 +228,7 @@ class Connection(asyncio.Protocol):
             return
         if self.session is not None:
             self.session.check(now)
+        self.count_output()
 
     def shutdown(self) -> None:
         if self.session is None:
@@ -225,7 +248,6 @@ class Connection(asyncio.Protocol):
         except (ssl.SSLError, OSError) as exc:
             self._flush_tls()  # the alert
             self.close(CloseReason.HANDSHAKE_FAILED, str(exc))
-            log.debug("TLS handshake with %s failed: %s", self.peer, exc)
             return False
         self._flush_tls()
         self.start_protocol(self._tls.selected_alpn_protocol() or "http/1.1")

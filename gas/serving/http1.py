@@ -84,6 +84,8 @@ class Http1Session:
         request is as idle as a quiet one)."""
         return self._answering or bool(self._ready)
 
+    pending_bytes = 0
+
     def start(self) -> None:
         self.conn.expect(self.conn.front.limits.header_timeout, CloseReason.HEADER_TIMEOUT)
 

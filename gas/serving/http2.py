@@ -85,6 +85,10 @@ class Http2Session:
     def busy(self) -> bool:
         return self.in_flight > 0 or any(s.pending for s in self.streams.values())
 
+    @property
+    def pending_bytes(self) -> int:
+        return sum(len(s.pending) for s in self.streams.values())
+
     def start(self) -> None:
         self.h2.initiate()
         self._flush()

@@ -1,7 +1,7 @@
 """What the listeners count: open connections, connections closed by each limit or
 timeout, requests dropped because their stream was reset. Exposed to Prometheus by the app
 that is served (`routes.SERVING_STATS`), and a rate-limited log line for each peer closed
-for abuse."""
+for abuse or refused in its handshake."""
 
 from __future__ import annotations
 
@@ -49,9 +49,16 @@ ABUSE = frozenset(
         CloseReason.CONTROL_FLOOD,
     }
 )
-"""Reasons that name the peer in the log: it kept gas waiting or broke a limit."""
-
+"""Reasons that name the peer in a warning: it kept gas waiting or broke a limit."""
+_LOGGED = {reason: logging.WARNING for reason in ABUSE} | {
+    # A refused certificate or protocol version: the reason OpenSSL gave, at INFO (port
+    # scanners fail handshakes all day).
+    CloseReason.HANDSHAKE_FAILED: logging.INFO,
+}
 _LOG_INTERVAL = 1.0
+_LOG_KEYS = 256
+"""Distinct (reason, detail) pairs whose last line's time is kept; the details are the
+protocol's and OpenSSL's own messages, a short list, but a bound all the same."""
 
 
 class ServingStats:
@@ -64,32 +71,39 @@ class ServingStats:
         self.reset_skipped = 0
         self._clock = clock
         self._lock = threading.Lock()
-        self._logged_at: dict[str, float] = {}
-        self._unlogged: dict[str, int] = {}
+        self._logged_at: dict[tuple[str, str], float] = {}
+        self._unlogged: dict[tuple[str, str], int] = {}
 
     def opened(self) -> None:
         self.open += 1
 
     def close(self, reason: str, peer: object, detail: str = "") -> None:
-        """Counts a connection closed for `reason`; one for abuse is logged with its peer,
-        at most once a second for each reason (the rest counted into the next line)."""
+        """Counts a connection closed for `reason`. One closed for abuse, or a refused
+        handshake, is logged with its peer, at most once a second for each reason and
+        detail (the rest counted into the next line)."""
         self.open -= 1
         with self._lock:
             self.closed[reason] = self.closed.get(reason, 0) + 1
-        if reason not in ABUSE:
+        level = _LOGGED.get(reason)
+        if level is None:
             return
+        key = (reason, detail)
         now = self._clock()
-        if now - self._logged_at.get(reason, -_LOG_INTERVAL) < _LOG_INTERVAL:
-            self._unlogged[reason] = self._unlogged.get(reason, 0) + 1
+        if now - self._logged_at.get(key, -_LOG_INTERVAL) < _LOG_INTERVAL:
+            self._unlogged[key] = self._unlogged.get(key, 0) + 1
             return
-        self._logged_at[reason] = now
-        more = self._unlogged.pop(reason, 0)
-        log.warning(
+        if len(self._logged_at) >= _LOG_KEYS:
+            self._logged_at.clear()
+            self._unlogged.clear()
+        self._logged_at[key] = now
+        more = self._unlogged.pop(key, 0)
+        log.log(
+            level,
             "closed connection from %s: %s%s%s",
             _peer_text(peer),
             reason,
             f" ({detail})" if detail else "",
-            f"; {more} more closed for it since the last line" if more else "",
+            f"; {more} more like it since the last line" if more else "",
         )
 
     def collect(self) -> Iterator[Metric]:

@@ -293,6 +293,22 @@ def test_past_the_buffered_bound_the_connection_holding_most_is_closed() -> None
     rig.loop.close()
 
 
+def test_output_a_peer_leaves_unread_counts_towards_the_buffered_bound() -> None:
+    rig = Rig(max_buffered_bytes=1000)
+    reader, reader_t = rig.connect()
+    lazy, lazy_t = rig.connect()
+    lazy.data_received(get())
+    rig.pool.run_all(rig.loop)
+    lazy_t.buffered = 900  # its answers pile up in the transport
+    rig.later(0.25)
+    assert rig.front.buffered == 900
+    reader.data_received(b"POST /x HTTP/1.1\r\nContent-Length: 200\r\n\r\n" + b"r" * 101)
+    assert lazy_t.closed and not reader_t.closed
+    assert rig.closed(CloseReason.BUFFER_LIMIT) == 1
+    assert rig.front.buffered == 101
+    rig.loop.close()
+
+
 # ------------------------------------------------------------------ TLS
 
 
