@@ -43,6 +43,9 @@ setup(
         # gas/serving/h2protocol.py: HTTP/2's header compression (HPACK); the framing and
         # flow control are gas's own, a server's part of the protocol only.
         "hpack>=4.0,<5",
+        # gas/serving/front.py: the serving loop (libuv); its transports cost a request a
+        # fifth less CPU than asyncio's own.
+        "uvloop>=0.19",
     ],
     extras_require={
         "labeler": ["pyudev>=0.24"],

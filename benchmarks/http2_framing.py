@@ -12,7 +12,6 @@ hand-over); never fails on time.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import json
 import socket
@@ -27,7 +26,7 @@ from benchmarks.workload import pod_object, queue_shapes
 from gas.serving import tls
 from gas.serving.answering import App
 from gas.serving.connection import Listener
-from gas.serving.front import Front
+from gas.serving.front import Front, new_loop
 from gas.serving.limits import Limits
 from tests.support.gasproc import TLSFiles, make_tls_files
 from tests.support.h2client import H2Client
@@ -86,7 +85,7 @@ def run(tls_files: TLSFiles, requests: int) -> float:
     sock = socket.create_server(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     pool = ThreadPoolExecutor(2)
-    loop = asyncio.new_event_loop()
+    loop = new_loop()
     front = Front(loop, Limits(), pool, inline=frozenset({"/filter"}))
     app = App(_wsgi, _direct, 1 << 20, "https", ("127.0.0.1", port))
     loop.run_until_complete(front.listen(sock, Listener(app, lambda: context, http2=True)))

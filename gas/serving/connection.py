@@ -14,7 +14,7 @@ import logging
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from gas.serving.answering import App
 from gas.serving.stats import CloseReason
@@ -26,7 +26,7 @@ __all__ = ["Connection", "Listener", "Session"]
 
 log = logging.getLogger(__name__)
 
-_READ = 256 * 1024
+_READ = 64 * 1024
 _LINGER = 1.0
 """How long a closed connection's last bytes (an error answer, a GOAWAY) may take to
 leave before the socket is dropped."""
@@ -116,10 +116,11 @@ class Connection(asyncio.Protocol):
     # asyncio's calls.
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        self.peer = transport.get_extra_info("peername")
-        transport.set_write_buffer_limits(high=self.front.limits.write_high_water)
+        # asyncio's or uvloop's socket transport (uvloop's is no asyncio.Transport
+        # subclass, but has its methods).
+        self.transport = socket_transport = cast(asyncio.Transport, transport)
+        self.peer = socket_transport.get_extra_info("peername")
+        socket_transport.set_write_buffer_limits(high=self.front.limits.write_high_water)
         if not self.front.add(self):
             return
         if self.listener.tls is None:
@@ -254,10 +255,12 @@ class Connection(asyncio.Protocol):
         return not self.closed
 
     def _read_tls(self) -> None:
-        assert self._tls is not None
-        while not self.closed:
+        tls = self._tls
+        assert tls is not None and self.session is not None
+        chunks = []
+        while True:
             try:
-                data = self._tls.read(_READ)
+                data = tls.read(_READ)
             except ssl.SSLWantReadError:
                 break
             except ssl.SSLZeroReturnError:
@@ -268,9 +271,14 @@ class Connection(asyncio.Protocol):
                 return
             if not data:
                 break
-            assert self.session is not None
-            self.session.received(data)
-        self._flush_tls()
+            chunks.append(data)
+            # Drained: no need for the read that would end in SSLWantReadError.
+            if not self._incoming.pending and not tls.pending():
+                break
+        if chunks:
+            self.session.received(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        if self._outgoing.pending:
+            self._flush_tls()
 
     def _flush_tls(self) -> None:
         if self.transport is None or self.transport.is_closing():

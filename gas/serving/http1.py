@@ -77,6 +77,7 @@ class Http1Session:
         self._dispatched = False
         self._drain_left = 0
         self._head_done = False
+        self._begun_here = False
 
     @property
     def busy(self) -> bool:
@@ -94,6 +95,7 @@ class Http1Session:
     def received(self, data: bytes) -> None:
         if self._closing:
             return
+        self._begun_here = False
         try:
             self._parser.feed_data(data)
         except _Refused as exc:
@@ -113,7 +115,10 @@ class Http1Session:
         except httptools.HttpParserError as exc:
             self._refuse("400 Bad Request", f"malformed request: {exc}")
             return
-        if self._reading and not self._head_done:
+        if self._reading and not self._head_done and not self._begun_here:
+            # A head over several reads: llhttp keeps its partial field, so its size is
+            # bounded by counting the reads (one read, in which it began, is bounded by
+            # the read size).
             self._head_bytes += len(data)
         if not self._head_done and self._reading and self._head_bytes > _HEAD_BYTES:
             self._refuse("431 Request Header Fields Too Large", "the request head is too large")
@@ -123,6 +128,7 @@ class Http1Session:
     # llhttp's calls.
 
     def on_message_begin(self) -> None:
+        self._begun_here = True
         self._reading = True
         self._url = b""
         self._fields = []

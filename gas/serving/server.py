@@ -40,7 +40,7 @@ from gunicorn.workers.base import Worker  # type: ignore[import-untyped]
 from gas.serving import health, logformat, routes
 from gas.serving.answering import App
 from gas.serving.connection import Listener
-from gas.serving.front import Front
+from gas.serving.front import Front, new_loop
 from gas.serving.limits import DEFAULT_LIMITS, Limits
 from gas.serving.stats import ServingStats
 from gas.serving.tls import ALPN_PROTOCOLS, TLSConfigError, server_ssl_context
@@ -245,7 +245,7 @@ class LoopWorker(Worker):  # type: ignore[misc]
 
     def run(self) -> None:
         plan: ServingPlan = self.app.plan
-        loop = asyncio.new_event_loop()
+        loop = new_loop()
         asyncio.set_event_loop(loop)
         pool = ThreadPoolExecutor(self.cfg.threads, "gas-request")
         stats = ServingStats()

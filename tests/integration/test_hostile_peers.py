@@ -25,7 +25,7 @@ import requests
 
 from tests.support.admission import gpu_pod as review_pod
 from tests.support.admission import review_request
-from tests.support.gasproc import GasProcess, TLSFiles, child_pids, make_tls_files
+from tests.support.gasproc import GasProcess, TLSFiles, child_pids, free_port, make_tls_files
 from tests.support.h2client import H2Client
 from tests.support.promtext import total
 from tests.support.webhookproc import WebhookProcess
@@ -47,6 +47,7 @@ ATTACKS = [
     "idle_h2",
     "silent_tcp",
     "stalled_tls",
+    "slow_heads",
     "rapid_reset",
     "unfinished_bodies",
     "control_flood",
@@ -66,6 +67,21 @@ def serve(tls_files: TLSFiles, tmp_path_factory: pytest.TempPathFactory) -> Iter
     try:
         process.wait_ready()
         yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def health(
+    tls_files: TLSFiles, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[GasProcess, int]]:
+    """`gas serve --demo` with its plain-HTTP health port, and that port."""
+    log = tmp_path_factory.mktemp("hostile-health") / "gas.log"
+    port = free_port()
+    process = GasProcess(["--demo", "--healthPort", str(port), *SHORT], log, tls_files)
+    try:
+        process.wait_ready()
+        yield process, port
     finally:
         process.stop()
 
@@ -98,10 +114,13 @@ def reset_peak(process: GasProcess) -> None:
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets VmHWM to the current RSS
 
 
-def start_attack(name: str, port: int, tls: TLSFiles, certificate: bool) -> subprocess.Popen[str]:
+def start_attack(
+    name: str, port: int, tls: TLSFiles | None, certificate: bool
+) -> subprocess.Popen[str]:
+    """The attack `name` on `port`: over TLS trusting `tls.ca`, else over plain HTTP."""
     command = [sys.executable, "-m", "tests.support.attacks", name, str(port)]
-    command += [str(ATTACK_SECONDS.get(name, 5.0)), tls.ca]
-    if certificate:
+    command += [str(ATTACK_SECONDS.get(name, 5.0)), tls.ca if tls is not None else "-"]
+    if certificate and tls is not None:
         command += [tls.client_cert, tls.client_key]
     return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
 
@@ -156,14 +175,17 @@ def probe_webhook(webhook: WebhookProcess, tls: TLSFiles, round_: int) -> dict[s
 def under_attack(
     name: str,
     process: GasProcess,
-    tls: TLSFiles,
+    tls: TLSFiles | None,
     certificate: bool,
     probe: Callable[[int], dict[str, Any]],
+    port: int | None = None,
 ) -> tuple[dict[str, Any], list[float]]:
+    """Runs the attack `name` on `port` (gas's main port by default) while `probe` asks
+    on a new connection, again and again."""
     expected = probe(0)
     reset_peak(process)
     before, _ = worker_memory(process)
-    attack = start_attack(name, process.port, tls, certificate)
+    attack = start_attack(name, port or process.port, tls, certificate)
     times = []
     round_ = 0
     try:
@@ -209,7 +231,7 @@ def check_attack(name: str, seen: dict[str, Any], text: str, log: str) -> None:
     if name in ("silent_tcp", "stalled_tls"):
         assert seen["closed_by_server"] == seen["opened"]
         assert closed["handshake_timeout"] >= seen["opened"]
-    elif name == "idle_h2" and seen["h2"]:
+    elif name == "slow_heads" or (name == "idle_h2" and seen["h2"]):
         assert seen["closed_by_server"] == seen["opened"]
         assert closed["header_timeout"] >= seen["opened"]
     elif name == "rapid_reset" and seen["h2"]:
@@ -261,3 +283,33 @@ def test_gas_webhook_answers_others_while_attacked(
         assert seen["h2"] is False  # the webhook offers HTTP/1.1 only
     check_attack(name, seen, metrics(webhook, tls_files, False), webhook.log())
     assert probe_webhook(webhook, tls_files, 0) == {"allowed": True, "patched": True}
+
+
+HEALTH_ATTACKS = ["silent_tcp", "stalled_tls", "slow_heads", "never_reads"]
+
+
+@pytest.mark.parametrize("name", HEALTH_ATTACKS)
+def test_the_health_port_answers_probes_while_attacked(
+    name: str, health: tuple[GasProcess, int], tls_files: TLSFiles
+) -> None:
+    process, port = health
+
+    def probe(round_: int) -> dict[str, Any]:
+        with requests.Session() as session:
+            session.trust_env = False
+            reply = session.get(f"http://127.0.0.1:{port}/healthz", timeout=PROBE_BOUND)
+            return {"status": reply.status_code, "body": reply.json()}
+
+    seen, _ = under_attack(name, process, None, False, probe, port=port)
+    text = metrics(process, tls_files, True)
+    if name == "silent_tcp":
+        assert seen["closed_by_server"] == seen["opened"]
+        # Plain HTTP: a silent connection waits for its first request's head.
+        assert total(text, "gas_connections_closed_total", reason="header_timeout") >= 300
+    elif name == "stalled_tls":
+        # Not HTTP at all: refused at once.
+        assert seen["closed_by_server"] == seen["opened"]
+        assert total(text, "gas_connections_closed_total", reason="malformed") >= 300
+    else:
+        check_attack(name, seen, text, process.log())
+    assert probe(0) == {"status": 200, "body": {"status": "ok"}}

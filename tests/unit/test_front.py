@@ -231,6 +231,26 @@ def test_a_head_over_the_line_limit_is_refused(rig: Rig) -> None:
     assert transport.closed and rig.closed(CloseReason.MALFORMED) == 1
 
 
+def test_pipelined_requests_in_one_read_are_no_head_too_large(rig: Rig) -> None:
+    conn, transport = rig.connect()
+    conn.data_received(get() * 3000 + get()[:10])  # 105 kB: 3,000 heads and a partial one
+    for _ in range(3000):
+        rig.pool.run_all(rig.loop)
+    assert transport.written.count(b"HTTP/1.1 200 OK") == 3000
+    assert not transport.closed
+
+
+def test_a_head_growing_over_reads_is_refused_past_64_kib(rig: Rig) -> None:
+    conn, transport = rig.connect()
+    conn.data_received(b"GET /x HTTP/1.1\r\nX-A: ")
+    for _ in range(16):
+        conn.data_received(b"a" * 4096)
+    assert not transport.closed
+    conn.data_received(b"a" * 4096)
+    assert transport.written.startswith(b"HTTP/1.1 431 ")
+    assert transport.closed and rig.closed(CloseReason.MALFORMED) == 1
+
+
 def test_a_declared_body_over_the_limit_is_answered_unread(rig: Rig) -> None:
     conn, transport = rig.connect()
     conn.data_received(b"POST /x HTTP/1.1\r\nHost: g\r\nContent-Length: 1001\r\n\r\n")
