@@ -310,6 +310,10 @@ def test_the_health_port_answers_probes_while_attacked(
         # Not HTTP at all: refused at once.
         assert seen["closed_by_server"] == seen["opened"]
         assert total(text, "gas_connections_closed_total", reason="malformed") >= 300
+    elif name == "never_reads":
+        # Its answers are small: the kernel's socket buffers take them all for longer
+        # than the attack runs, so no write timeout is reached (the main port's is).
+        assert seen["requests_sent"] > 0
     else:
         check_attack(name, seen, text, process.log())
     assert probe(0) == {"status": 200, "body": {"status": "ok"}}
