@@ -1,5 +1,5 @@
 """CPU of gas's HTTP/2 serving per request, framing alone: the serving loop
-(`gas.serving.front`) in process on a real mutual-TLS socket, a direct POST that answers at
+(`gas.httpserver.front`) in process on a real mutual-TLS socket, a direct POST that answers at
 once (on the loop's thread, as filter is), and a client (the `h2` package) sending filters
 one after another on one connection. The filters cycle through distinct pod shapes and
 node sets, as kube-scheduler's queue sends them, so bodies and answers vary in size as
@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.workload import pod_object, queue_shapes
+from gas.httpserver.answering import App
+from gas.httpserver.connection import Listener
+from gas.httpserver.front import Front, new_loop
+from gas.httpserver.limits import Limits
 from gas.serving import tls
-from gas.serving.answering import App
-from gas.serving.connection import Listener
-from gas.serving.front import Front, new_loop
-from gas.serving.limits import Limits
 from tests.support.gasproc import TLSFiles, make_tls_files
 from tests.support.h2client import H2Client
 

@@ -18,7 +18,7 @@ told from noise:
   kube-scheduler breaks ties at random); with `--prioritize`, as registered for binpack and
   spread, a prioritize naming them first when two or more passed.
 
-Each request goes through the app's direct POST (`routes.DIRECT_POST`: decoding, the
+Each request goes through the app's direct POST (`hooks.DIRECT_POST`: decoding, the
 verb, encoding, metrics and the decision log line, logged to /dev/null at INFO as `gas
 serve` logs it, `gas.serving.logformat`); HTTP, TLS and the API write are not in it, and
 a bind's figure holds the demo cluster's own store of the pod and the ledger's update that
@@ -51,6 +51,7 @@ import orjson
 from benchmarks.workload import make_cluster, pick_shape, pod_object
 from gas.cluster.demo import DemoCluster
 from gas.core.ledger import Ledger
+from gas.httpserver import hooks
 from gas.serving import logformat, routes
 from gas.serving.extender import create_app
 from tests.support.objects import binding_args
@@ -213,7 +214,7 @@ def run(
     demo = DemoCluster(ledger, data)
     demo.start()
     app = create_app(ledger, demo)
-    post = getattr(app, routes.DIRECT_POST)
+    post = getattr(app, hooks.DIRECT_POST)
     scheduler = Scheduler(post, cluster.node_names, seed, gap, prioritize)
     for pod in burst:
         scheduler.schedule(pod)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+
+from gas.httpserver.background import BackgroundServer, listen
 
 
 class NodeMetrics:
@@ -42,5 +44,11 @@ class NodeMetrics:
             registry=self.registry,
         )
 
-    def serve(self, port: int, host: str = "0.0.0.0") -> None:
-        start_http_server(port, addr=host, registry=self.registry)
+    def serve(self, port: int, host: str = "0.0.0.0") -> BackgroundServer:
+        """Serves the metrics on `host`:`port` from a thread of their own, through the
+        serving loop every listener of gas uses (docs/serving.md: no thread per
+        connection, the same timeouts and limits); its connections are counted there."""
+        server = BackgroundServer(listen(host, port), make_wsgi_app(self.registry), name="metrics")
+        self.registry.register(server.stats)
+        server.start()
+        return server

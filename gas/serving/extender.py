@@ -30,6 +30,7 @@ from werkzeug.wsgi import get_input_stream
 
 from gas.cluster.protocol import Cluster
 from gas.core.ledger import Ledger
+from gas.httpserver import hooks
 from gas.serving import routes, wire
 from gas.serving.metrics import Metrics
 from gas.serving.service import INACTIVE, NOT_SYNCED, Extender, Options, Reply
@@ -81,7 +82,7 @@ def create_app(
     app.register_error_handler(Exception, _internal_error)
     scheduler = _SchedulerRoutes(app.wsgi_app, face)
     app.wsgi_app = scheduler  # type: ignore[method-assign]
-    setattr(app, routes.DIRECT_POST, scheduler.post)
+    setattr(app, hooks.DIRECT_POST, scheduler.post)
     connections = Counter(
         "gas_connections",
         "Connections accepted, by the protocol they chose: over h2 kube-scheduler carries "
@@ -90,8 +91,8 @@ def create_app(
         ["protocol"],
         registry=metrics.registry,
     )
-    setattr(app, routes.CONNECTION_OPENED, lambda protocol: connections.labels(protocol).inc())
-    setattr(app, routes.SERVING_STATS, metrics.registry.register)
+    setattr(app, hooks.CONNECTION_OPENED, lambda protocol: connections.labels(protocol).inc())
+    setattr(app, hooks.SERVING_STATS, metrics.registry.register)
     return app
 
 
@@ -114,7 +115,7 @@ class _SchedulerRoutes:
         return [body]
 
     def post(self, path: str, body: bytes) -> tuple[str, list[tuple[str, str]], bytes] | None:
-        """A whole POST the server read itself (`routes.DIRECT_POST`): the answer
+        """A whole POST the server read itself (`hooks.DIRECT_POST`): the answer
         `__call__` gives, or None for a path that is not a verb's."""
         verb = routes.VERBS.get(path)
         if verb is None:

@@ -7,7 +7,7 @@ health port answers the two probe routes through the same app as the main port (
 status and body); every other path is 404, so nothing but health leaves gas unencrypted
 and unauthenticated. The socket is bound by `gas serve` before gunicorn forks, so a port
 in use fails at start; the worker's serving loop serves it beside the main port, with the
-same limits (`gas.serving.front`), so a probe is answered whatever other peers do.
+same limits (`gas.httpserver.front`), so a probe is answered whatever other peers do.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import socket
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from gas.httpserver import background
 from gas.serving import routes, wire
 
 if TYPE_CHECKING:
@@ -35,18 +36,7 @@ def listen(host: str, port: int) -> socket.socket:
     `port`. Raises OSError (port in use, no such address) and ValueError (bad port)."""
     if not 1 <= port <= 65535:
         raise ValueError(f"the health port must be between 1 and 65535, got {port}")
-    host = host.strip("[]")
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(64)
-    except OSError:
-        sock.close()
-        raise
-    return sock
+    return background.listen(host, port, backlog=64)
 
 
 def only_health(app: WSGIApplication) -> WSGIApplication:

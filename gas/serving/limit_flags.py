@@ -1,11 +1,11 @@
-"""The command-line flags of `gas.serving.limits.Limits`, shared by `gas serve` and
+"""The command-line flags of `gas.httpserver.limits.Limits`, shared by `gas serve` and
 `gas webhook`."""
 
 from __future__ import annotations
 
 import argparse
 
-from gas.serving.limits import DEFAULT_LIMITS, MIB, Limits
+from gas.httpserver.limits import DEFAULT_LIMITS, MIB, Limits
 
 __all__ = ["add_limit_flags", "limits_from_args"]
 

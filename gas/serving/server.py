@@ -1,5 +1,5 @@
 """Serve a Flask app with gunicorn, in-process, over HTTPS: one worker process whose
-asyncio loop serves every connection (`gas.serving.front`) and a pool of threads that
+asyncio loop serves every connection (`gas.httpserver.front`) and a pool of threads that
 answers requests.
 
 One worker process: the ledger lives in process memory, and a second worker would hold a
@@ -37,12 +37,13 @@ from gunicorn.app.base import BaseApplication  # type: ignore[import-untyped]
 from gunicorn.arbiter import Arbiter  # type: ignore[import-untyped]
 from gunicorn.workers.base import Worker  # type: ignore[import-untyped]
 
+from gas.httpserver import hooks
+from gas.httpserver.answering import App
+from gas.httpserver.connection import Listener
+from gas.httpserver.front import Front, new_loop
+from gas.httpserver.limits import DEFAULT_LIMITS, Limits
+from gas.httpserver.stats import ServingStats
 from gas.serving import health, logformat, routes
-from gas.serving.answering import App
-from gas.serving.connection import Listener
-from gas.serving.front import Front, new_loop
-from gas.serving.limits import DEFAULT_LIMITS, Limits
-from gas.serving.stats import ServingStats
 from gas.serving.tls import ALPN_PROTOCOLS, TLSConfigError, server_ssl_context
 
 if TYPE_CHECKING:
@@ -235,7 +236,7 @@ class ServingPlan:
 
 class LoopWorker(Worker):  # type: ignore[misc]
     """gunicorn's worker for gas: one asyncio loop serving every listener
-    (`gas.serving.front`), a pool of `threads` threads answering requests, and a quick
+    (`gas.httpserver.front`), a pool of `threads` threads answering requests, and a quick
     shutdown (SIGQUIT, sent on the master's SIGINT) that drops in-flight requests at
     once. SIGTERM stops accepting and lets the requests taken finish within the graceful
     timeout."""
@@ -249,7 +250,7 @@ class LoopWorker(Worker):  # type: ignore[misc]
         asyncio.set_event_loop(loop)
         pool = ThreadPoolExecutor(self.cfg.threads, "gas-request")
         stats = ServingStats()
-        register = getattr(self.wsgi, routes.SERVING_STATS, None)
+        register = getattr(self.wsgi, hooks.SERVING_STATS, None)
         if register is not None:
             register(stats)
         front = Front(loop, plan.limits, pool, stats, inline=_NO_IO_VERBS)
@@ -380,9 +381,9 @@ class ServerSettings:
     ``graceful_timeout``: after SIGTERM, in-flight requests get this long to finish.
     ``max_request_header_bytes``: limit for each header line and the request line, and
     for an HTTP/2 header list.
-    ``limits``: what a peer may cost (`gas.serving.limits.Limits`: connections, timeouts,
+    ``limits``: what a peer may cost (`gas.httpserver.limits.Limits`: connections, timeouts,
     buffered bytes, HTTP/2 rates).
-    ``http2``: offer HTTP/2 through ALPN (`gas.serving.http2`); HTTP/1.1 is always served.
+    ``http2``: offer HTTP/2 through ALPN (`gas.httpserver.http2`); HTTP/1.1 is always served.
     ``health_socket``: a listening socket also served, in plain HTTP, for the probe paths
     only (`gas.serving.health`).
     ``on_worker_exit``: called in the worker after it stopped serving, to stop background

@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL:!PSK:!DSS"
 
 # What a context offers unless told otherwise: HTTP/1.1. `gas serve` adds h2 in front
-# (gas.serving.http2); Go clients, kube-scheduler included, use HTTP/1.1 when h2 is not
+# (gas.httpserver.http2); Go clients, kube-scheduler included, use HTTP/1.1 when h2 is not
 # offered.
 ALPN_PROTOCOLS: tuple[str, ...] = ("http/1.1",)
 

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from werkzeug.exceptions import HTTPException
 
 from gas.core.admission import MUTATED, REFUSED, Settings
+from gas.httpserver import hooks
 from gas.serving import admission, routes, wire
 from gas.serving.extender import read_body
 from gas.serving.wire import BadRequest
@@ -88,7 +89,7 @@ def create_app(settings: Settings, metrics: WebhookMetrics | None = None) -> Fla
     app.register_error_handler(BadRequest, bad_request)
     app.register_error_handler(HTTPException, http_error)
     app.register_error_handler(Exception, internal_error)
-    setattr(app, routes.SERVING_STATS, metrics.registry.register)
+    setattr(app, hooks.SERVING_STATS, metrics.registry.register)
     return app
 
 

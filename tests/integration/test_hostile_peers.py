@@ -12,8 +12,10 @@ time; the defaults are tested at their edges in tests/unit/test_front.py.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -317,3 +319,27 @@ def test_the_health_port_answers_probes_while_attacked(
     else:
         check_attack(name, seen, text, process.log())
     assert probe(0) == {"status": 200, "body": {"status": "ok"}}
+
+
+def test_gas_nodes_metrics_port_holds_silent_peers_without_a_thread_each() -> None:
+    from gas.node.metrics import NodeMetrics
+
+    port = free_port()
+    server = NodeMetrics().serve(port, "127.0.0.1")
+    socks: list[socket.socket] = []
+    try:
+        threads = threading.active_count()
+        socks = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(300)]
+        started = time.monotonic()
+        with requests.Session() as session:
+            session.trust_env = False
+            reply = session.get(f"http://127.0.0.1:{port}/metrics", timeout=PROBE_BOUND)
+        assert time.monotonic() - started <= PROBE_BOUND
+        assert reply.status_code == 200
+        assert "# TYPE gas_node_decisions_total counter" in reply.text
+        assert "gas_open_connections 301.0" in reply.text  # the 300 and the probe's own
+        assert threading.active_count() <= threads + 1  # at most the one answering thread
+    finally:
+        for sock in socks:
+            sock.close()
+        server.stop()

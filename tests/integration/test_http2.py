@@ -18,7 +18,7 @@ import h2.errors
 import pytest
 from hyperframe.frame import HeadersFrame
 
-from gas.serving.limits import DEFAULT_LIMITS
+from gas.httpserver.limits import DEFAULT_LIMITS
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.h2client import MAX_CONCURRENT_STREAMS, H2Client

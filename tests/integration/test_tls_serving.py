@@ -35,8 +35,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 import gas.serving.server
+from gas.httpserver.limits import Limits
 from gas.serving import tls
-from gas.serving.limits import Limits
 from gas.serving.server import ServerSettings, build_options, serve
 from tests.support import tlsprobe
 from tests.support.gasproc import child_pids

@@ -15,7 +15,7 @@ from typing import Any
 
 from flask import Flask, jsonify, request
 
-from gas.serving.limits import Limits
+from gas.httpserver.limits import Limits
 from gas.serving.server import ServerSettings, serve
 
 _state_lock = threading.Lock()

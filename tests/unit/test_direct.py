@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from gas.httpserver import hooks
+from gas.httpserver.direct import frame
 from gas.serving import routes
-from gas.serving.direct import frame
 
 pytestmark = pytest.mark.unit
 
@@ -48,7 +49,7 @@ def extender_app() -> Any:
 
 
 def test_the_extender_answers_its_verbs_directly_and_nothing_else() -> None:
-    post = getattr(extender_app(), routes.DIRECT_POST)
+    post = getattr(extender_app(), hooks.DIRECT_POST)
     pod = b'{"metadata": {"name": "p", "namespace": "d", "uid": "u"}, "spec": {"containers": []}}'
     status, headers, body = post(routes.FILTER, b'{"Pod": %s, "NodeNames": ["demo-1card"]}' % pod)
     assert status == "200 OK"

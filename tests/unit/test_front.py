@@ -17,12 +17,12 @@ import h2.connection
 import h2.events
 import pytest
 
+from gas.httpserver.answering import App
+from gas.httpserver.connection import Connection, Listener
+from gas.httpserver.front import Front
+from gas.httpserver.limits import Limits, TokenBucket
+from gas.httpserver.stats import CloseReason, ServingStats
 from gas.serving import tls
-from gas.serving.answering import App
-from gas.serving.connection import Connection, Listener
-from gas.serving.front import Front
-from gas.serving.limits import Limits, TokenBucket
-from gas.serving.stats import CloseReason, ServingStats
 
 pytestmark = pytest.mark.unit
 

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gas.serving import h2protocol
-from gas.serving.h2protocol import ConnectionFailed, ServerConnection
-from gas.serving.limits import Limits
+from gas.httpserver import h2protocol
+from gas.httpserver.h2protocol import ConnectionFailed, ServerConnection
+from gas.httpserver.limits import Limits
 
 WINDOW = 1 << 20
 MAX_STREAMS = 8

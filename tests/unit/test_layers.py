@@ -18,10 +18,11 @@ GAS = Path(__file__).resolve().parents[2] / "gas"
 ALLOWED: dict[str, set[str]] = {
     "core": {"core"},
     "kubeapi": {"core", "kubeapi"},
+    "httpserver": {"httpserver"},
     "cluster": {"core", "kubeapi", "cluster"},
-    "serving": {"core", "kubeapi", "cluster", "serving"},
-    "node": {"core", "kubeapi", "node"},
-    "tools": {"core", "kubeapi", "cluster", "serving", "node", "tools"},
+    "serving": {"core", "kubeapi", "httpserver", "cluster", "serving"},
+    "node": {"core", "kubeapi", "httpserver", "node"},
+    "tools": {"core", "kubeapi", "httpserver", "cluster", "serving", "node", "tools"},
 }
 # Third-party packages each layer may use, where the layer is held to a list: the pure core
 # none that does I/O; the API calls shared by the extender and the node agent only what

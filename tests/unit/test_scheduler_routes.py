@@ -1,5 +1,5 @@
 """The scheduler's POSTs are answered in front of Flask (`_SchedulerRoutes`), and the plain
-ones by the server through the app's `routes.DIRECT_POST`: every answer, metric and log
+ones by the server through the app's `hooks.DIRECT_POST`: every answer, metric and log
 line must be what the verbs' Flask routes give for the same request.
 
 Apps over copies of the built-in demo cluster get the same requests, one straight through
@@ -23,7 +23,7 @@ from werkzeug.test import EnvironBuilder
 
 from gas.cluster.demo import DemoCluster, load_demo_file
 from gas.core.ledger import Ledger
-from gas.serving import routes
+from gas.httpserver import hooks
 from gas.serving.extender import create_app
 from gas.serving.metrics import Metrics
 from gas.serving.service import Options
@@ -66,7 +66,7 @@ class Side:
     def request(self, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
         body = _plain_post(environ)
         if self.direct and body is not None:
-            direct = getattr(self.app, routes.DIRECT_POST)(environ["PATH_INFO"], body)
+            direct = getattr(self.app, hooks.DIRECT_POST)(environ["PATH_INFO"], body)
             if direct is not None:
                 self.directly += 1
                 return direct[0], sorted(direct[1]), direct[2]

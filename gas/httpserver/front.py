@@ -1,5 +1,5 @@
 """The serving loop: every listening socket of a process, every connection, and the
-bounds that hold across them (`gas.serving.limits`).
+bounds that hold across them (`gas.httpserver.limits`).
 
 One asyncio loop on one thread accepts, shakes hands, reads and writes; requests are
 answered on a pool of threads, or on the loop itself for the paths that wait on nothing
@@ -23,9 +23,9 @@ from concurrent.futures import Executor
 
 import uvloop
 
-from gas.serving.connection import Connection, Listener
-from gas.serving.limits import Limits
-from gas.serving.stats import CloseReason, ServingStats
+from gas.httpserver.connection import Connection, Listener
+from gas.httpserver.limits import Limits
+from gas.httpserver.stats import CloseReason, ServingStats
 
 __all__ = ["Front", "new_loop"]
 

@@ -1,5 +1,5 @@
 """A whole request in, its answer out: through the app's direct POSTs
-(`gas.serving.direct.DirectPost`) where it takes them, else through its WSGI side with an
+(`gas.httpserver.direct.DirectPost`) where it takes them, else through its WSGI side with an
 environ built here. The same for HTTP/1.1 and HTTP/2; runs on the loop's thread or on a
 pool thread, never does I/O of its own.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-from gas.serving import direct, routes
+from gas.httpserver import direct, hooks
 
 __all__ = ["Answer", "App", "Request", "WSGIApp", "answer"]
 
@@ -44,15 +44,15 @@ class App:
     @classmethod
     def of(cls, wsgi: Any, scheme: str, server: tuple[str, int]) -> App:
         """The app `wsgi` as served on `server`, with the hooks it offers
-        (`routes.DIRECT_POST`, `routes.CONNECTION_OPENED`)."""
+        (`hooks.DIRECT_POST`, `hooks.CONNECTION_OPENED`)."""
         limit = getattr(wsgi, "config", {}).get("MAX_CONTENT_LENGTH")
         return cls(
             wsgi,
-            getattr(wsgi, routes.DIRECT_POST, None),
+            getattr(wsgi, hooks.DIRECT_POST, None),
             limit,
             scheme,
             server,
-            getattr(wsgi, routes.CONNECTION_OPENED, None),
+            getattr(wsgi, hooks.CONNECTION_OPENED, None),
         )
 
 

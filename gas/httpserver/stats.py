@@ -1,6 +1,6 @@
 """What the listeners count: open connections, connections closed by each limit or
 timeout, requests dropped because their stream was reset. Exposed to Prometheus by the app
-that is served (`routes.SERVING_STATS`), and a rate-limited log line for each peer closed
+that is served (`hooks.SERVING_STATS`), and a rate-limited log line for each peer closed
 for abuse or refused in its handshake."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 __all__ = ["ABUSE", "CloseReason", "ServingStats"]
 
-log = logging.getLogger("gas.serving.peers")
+log = logging.getLogger("gas.peers")
 
 
 class CloseReason:

@@ -1,5 +1,5 @@
 """HTTP/2's server side as gas serves it (RFC 9113): bytes in, a listener's calls out, bytes
-to send. No I/O and no locks: `gas.serving.http2` owns the socket and the threads.
+to send. No I/O and no locks: `gas.httpserver.http2` owns the socket and the threads.
 
 Why not the `h2` package, which gas used before: kube-scheduler sends a filter, a
 prioritize and a bind per pod, and `h2`'s general state machines, event objects and frame
@@ -17,7 +17,7 @@ Errors: a connection error queues a GOAWAY with its code and raises `ConnectionF
 the caller sends what is queued and closes. A stream error resets the stream
 (RST_STREAM) and calls the listener's `reset`, the connection goes on.
 
-What a peer may cost (`gas.serving.limits.Limits`): the connection's flow-control window
+What a peer may cost (`gas.httpserver.limits.Limits`): the connection's flow-control window
 is given back only as the owner `release`s body bytes it has handed on or dropped, so
 the request bytes a connection holds are bounded by `connection_window` however many
 streams send; stream resets and frames that cost work without a request (SETTINGS,
@@ -38,7 +38,7 @@ import hpack
 from hpack.hpack import encode_integer
 from hpack.table import HeaderTable
 
-from gas.serving.limits import DEFAULT_LIMITS, Limits, TokenBucket
+from gas.httpserver.limits import DEFAULT_LIMITS, Limits, TokenBucket
 
 __all__ = [
     "CANCEL",

@@ -2,7 +2,7 @@
 
 One request at a time: while one is answered the connection is not read, so a client
 that pipelines gets its answers in order and holds at most one read of requests. Its
-deadlines (`gas.serving.limits.Limits`): the head within `header_timeout` (of the
+deadlines (`gas.httpserver.limits.Limits`): the head within `header_timeout` (of the
 handshake for the first request, of its first byte for the next), the body within
 `body_timeout` of the head, the next request's first byte within `idle_timeout` of the
 last answer.
@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING
 
 import httptools
 
-from gas.serving import answering, direct
-from gas.serving.stats import CloseReason
+from gas.httpserver import answering, direct
+from gas.httpserver.stats import CloseReason
 
 if TYPE_CHECKING:
-    from gas.serving.connection import Connection
+    from gas.httpserver.connection import Connection
 
 __all__ = ["MAX_FIELDS", "UNREAD_BODY_MIN_BYTES", "UNREAD_BODY_SECONDS", "Http1Session"]
 

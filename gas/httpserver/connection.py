@@ -4,7 +4,7 @@ blocks a thread), the protocol its peer chose, its deadline, and backpressure bo
 A connection is asyncio's `Protocol`: the loop calls it as bytes arrive and as its output
 drains. It holds no thread; a request's answer runs on the pool (or inline, for the verbs
 that wait on nothing) and comes back through the loop. The HTTP/1.1 and HTTP/2 sides are
-`Session`s (`gas.serving.http1`, `gas.serving.http2`) that see plaintext only.
+`Session`s (`gas.httpserver.http1`, `gas.httpserver.http2`) that see plaintext only.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from gas.serving.answering import App
-from gas.serving.stats import CloseReason
+from gas.httpserver.answering import App
+from gas.httpserver.stats import CloseReason
 
 if TYPE_CHECKING:
-    from gas.serving.front import Front
+    from gas.httpserver.front import Front
 
 __all__ = ["Connection", "Listener", "Session"]
 
@@ -288,7 +288,7 @@ class Connection(asyncio.Protocol):
             self.transport.write(out)
 
     def start_protocol(self, protocol: str) -> None:
-        from gas.serving import http1, http2
+        from gas.httpserver import http1, http2
 
         self.expect(None)  # the handshake's; the session sets its own
         opened = self.listener.app.opened

@@ -1,6 +1,6 @@
 """kube-scheduler's POSTs answered without a WSGI environ or Flask: the app offers the
-routes it answers this way as `routes.DIRECT_POST` (`DirectPost`), and the serving loop
-(`gas.serving.answering`) calls it with the path and the whole body. Building an environ
+routes it answers this way as `hooks.DIRECT_POST` (`DirectPost`), and the serving loop
+(`gas.httpserver.answering`) calls it with the path and the whole body. Building an environ
 and going through Flask cost a bind more CPU than deciding it. Also how an HTTP/1.1 answer
 is framed (`frame`).
 """

@@ -5,7 +5,7 @@ Go's HTTP client keeps two idle HTTP/1.1 connections per host; with binds in fli
 to filters, kube-scheduler opens further ones and drops them, a new mutual-TLS handshake
 for about every third pod. Over HTTP/2 it multiplexes every call on a single connection.
 
-The protocol is `gas.serving.h2protocol`'s; this side keeps the streams. A stream's
+The protocol is `gas.httpserver.h2protocol`'s; this side keeps the streams. A stream's
 request is answered once whole: on the loop for the paths that wait on nothing
 (`Front.inline`), else on the pool, so a bind waiting on the API server does not hold up
 a filter. A stream reset before its answer began is not answered, nor run if it had not
@@ -13,7 +13,7 @@ started. Its body stays counted (`Front.hold`, and the connection's flow-control
 until its answer is sent, so what a peer's streams hold is bounded by the window however
 many it opens; an answer larger than the peer's window waits for it to open.
 
-Deadlines (`gas.serving.limits.Limits`): a header block within `header_timeout`; each
+Deadlines (`gas.httpserver.limits.Limits`): a header block within `header_timeout`; each
 stream's whole request within `body_timeout` of its HEADERS, and its answer taken within
 `write_timeout` (else the stream is reset, the connection goes on); the first request
 within `header_timeout`; no open stream for `idle_timeout`: GOAWAY and close. Only
@@ -28,11 +28,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gas.serving import answering, h2protocol
-from gas.serving.stats import CloseReason
+from gas.httpserver import answering, h2protocol
+from gas.httpserver.stats import CloseReason
 
 if TYPE_CHECKING:
-    from gas.serving.connection import Connection
+    from gas.httpserver.connection import Connection
 
 __all__ = ["Http2Session"]
 
