@@ -155,3 +155,15 @@ def test_bad_demo_file_is_a_clear_error(tmp_path: Path) -> None:
     result = _run(["serve", "--demo", "--demoFile", str(bad), "--unsafe"], tmp_path)
     assert result.returncode == 1
     assert "needs a 'nodes' list" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["serve", "webhook"])
+def test_a_limit_that_makes_no_sense_is_a_clear_error_naming_its_flag(
+    command: str, tmp_path: Path
+) -> None:
+    args = [command, "--demo", "--unsafe"] if command == "serve" else [command]
+    if command == "webhook":
+        args += ["--cert", str(tmp_path / "c"), "--key", str(tmp_path / "k")]
+    result = _run([*args, "--port", str(free_port()), "--idleTimeout", "0"], tmp_path)
+    assert result.returncode == 2
+    assert "--idleTimeout must be more than 0, got 0.0" in result.stderr

