@@ -115,6 +115,8 @@ class Front:
     def hold(self, conn: Connection, size: int) -> None:
         """`conn` holds `size` more request bytes; past the process's bound the
         connection holding the most is closed (maybe `conn`)."""
+        if conn.closed:
+            return  # what it held was let go when it closed
         conn.held += size
         self.buffered += size
         if self.buffered > self.limits.max_buffered_bytes:

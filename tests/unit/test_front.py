@@ -310,6 +310,11 @@ def test_past_the_buffered_bound_the_connection_holding_most_is_closed() -> None
     assert big_t.closed and not small_t.closed
     assert rig.closed(CloseReason.BUFFER_LIMIT) == 1
     assert rig.front.buffered == 301
+    # A connection closed while its bytes are still read counts nothing more.
+    small.close(CloseReason.PEER)
+    assert rig.front.buffered == 0
+    rig.front.hold(small, 500)
+    assert rig.front.buffered == 0 and small.held == 0
     rig.loop.close()
 
 
