@@ -32,6 +32,7 @@ __all__ = ["Front", "new_loop"]
 log = logging.getLogger(__name__)
 
 SWEEP_INTERVAL = 0.25
+_FLUSH_AT_EXIT = 0.2
 
 
 def new_loop() -> asyncio.AbstractEventLoop:
@@ -169,3 +170,5 @@ class Front:
             tick()
         for conn in list(self._connections):
             conn.close(CloseReason.SHUTDOWN)
+        # The last bytes (answers, GOAWAYs) leave while the loop still runs.
+        await asyncio.sleep(_FLUSH_AT_EXIT)

@@ -324,7 +324,7 @@ class ServerConnection:
         """Resets an open stream from the server's side (the owner gave up on it); the
         listener's `reset` is called."""
         if stream_id in self._streams:
-            self._reset(stream_id, code)
+            self._reset(stream_id, code, counted=False)
 
     def goaway(self, code: int = NO_ERROR) -> None:
         """Queues GOAWAY naming the last stream taken; streams opened after it are refused.
@@ -607,8 +607,13 @@ class ServerConnection:
             # is to stop sending it (8.1).
             self._frame(_RST_STREAM, 0, stream_id, _UINT32.pack(NO_ERROR))
 
-    def _reset(self, stream_id: int, code: int) -> None:
-        """A stream error: the stream is reset, the owner told."""
+    def _reset(self, stream_id: int, code: int, counted: bool = True) -> None:
+        """A stream error: the stream is reset, the owner told. One the peer's frames
+        caused takes from the same budget as the peer's own resets: a peer that makes the
+        server reset its streams frees their slots as fast as by resetting them
+        (CVE-2025-8671, "MadeYouReset")."""
+        if counted and not self._resets.take(self._clock()):
+            self._fail(ENHANCE_YOUR_CALM, "streams reset faster than allowed")
         self._frame(_RST_STREAM, 0, stream_id, _UINT32.pack(code))
         if self._streams.pop(stream_id, None) is not None:
             self._listener.reset(stream_id)

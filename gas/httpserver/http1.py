@@ -15,6 +15,7 @@ either bound the connection is closed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import deque
 from typing import TYPE_CHECKING
@@ -167,15 +168,20 @@ class Http1Session:
             name == b"expect" and value.lower() == b"100-continue" for name, value in self._fields
         )
         if limit is not None and self._declared is not None and self._declared > limit:
-            # Answered unread: the app refuses it.
+            # Answered unread: the app refuses it. A client that waits for 100 Continue
+            # sends no body: the connection ends with the answer, or its next request would
+            # be read as this one's body.
             self._dispatch(keep_alive=True)
             self._drain_left = max(2 * limit, UNREAD_BODY_MIN_BYTES)
-            if self._declared > self._drain_left:
+            if self._declared > self._drain_left or expects_continue:
                 self._closing_after_answer = True
             self.conn.expect(UNREAD_BODY_SECONDS, CloseReason.BODY_TIMEOUT)
             return
         if expects_continue:
-            self.conn.send(_CONTINUE)
+            if self.busy:
+                self._continue_pending = True  # after the answers before it, in order
+            else:
+                self.conn.send(_CONTINUE)
         self.conn.expect(limits.body_timeout, CloseReason.BODY_TIMEOUT)
 
     def on_body(self, body: bytes) -> None:
@@ -204,6 +210,7 @@ class Http1Session:
             self.conn.expect(self.conn.front.limits.idle_timeout, CloseReason.IDLE_TIMEOUT)
 
     _closing_after_answer = False
+    _continue_pending = False
 
     def _dispatch(self, keep_alive: bool) -> None:
         self._dispatched = True
@@ -224,23 +231,32 @@ class Http1Session:
     # Answering.
 
     def _next(self) -> None:
-        """Answers the first request read, if none is being answered."""
-        if self._answering or not self._ready or self.conn.closed:
+        """Answers the requests read, in order, while none is being answered: those
+        answered on the loop one after another (a loop, not a recursion: a read may hold
+        hundreds of pipelined requests), until one goes to the pool."""
+        while not self._answering and self._ready and not self.conn.closed:
+            request, keep = self._ready.popleft()
+            self._answering = True
+            self.conn.pause("answer")
+            self.conn.expect(None)
+            front = self.conn.front
+            app = self.conn.listener.app
+            if request.method == "POST" and request.target in front.inline:
+                self._answered(request, keep, answering.answer(app, request), inline=True)
+                continue
+            self._submit(request, keep)
             return
-        request, keep = self._ready.popleft()
-        self._answering = True
-        self.conn.pause("answer")
-        self.conn.expect(None)
+
+    def _submit(self, request: answering.Request, keep: bool) -> None:
+        """Answers `request` on the pool; the answer comes back on the loop."""
         front = self.conn.front
-        app = self.conn.listener.app
-        if request.method == "POST" and request.target in front.inline:
-            self._answered(request, keep, answering.answer(app, request))
-            return
-        future = front.pool.submit(answering.answer, app, request)
+        future = front.pool.submit(answering.answer, self.conn.listener.app, request)
         loop = front.loop
 
         def done(_: object) -> None:
-            loop.call_soon_threadsafe(self._answered_future, request, keep, future)
+            # A loop closed by then (the worker stopped): nobody to answer.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._answered_future, request, keep, future)
 
         future.add_done_callback(done)
 
@@ -248,7 +264,15 @@ class Http1Session:
         result = future.result()  # type: ignore[attr-defined]
         self._answered(request, keep, result)
 
-    def _answered(self, request: answering.Request, keep: bool, result: answering.Answer) -> None:
+    def _answered(
+        self,
+        request: answering.Request,
+        keep: bool,
+        result: answering.Answer,
+        inline: bool = False,
+    ) -> None:
+        """Writes the answer; then the next request's turn (`inline`: `_next`, which
+        called this, goes on itself)."""
         conn = self.conn
         self._answering = False
         conn.front.unhold(conn, len(request.body))
@@ -269,8 +293,12 @@ class Http1Session:
             return
         conn.resume("answer")
         if self._ready:
-            self._next()
+            if not inline:
+                self._next()
             return
+        if self._continue_pending and self._reading:
+            self._continue_pending = False
+            conn.send(_CONTINUE)
         if self._reading:
             # The body of a refused request still arriving, or the next request begun.
             if self._dispatched:

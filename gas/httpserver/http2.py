@@ -23,6 +23,7 @@ before the connection closes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -199,7 +200,9 @@ class Http2Session:
         loop = front.loop
 
         def done(finished: Future[answering.Answer | None]) -> None:
-            loop.call_soon_threadsafe(self._answered_future, stream, finished)
+            # A loop closed by then (the worker stopped): nobody to answer.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._answered_future, stream, finished)
 
         future.add_done_callback(done)
 

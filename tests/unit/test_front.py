@@ -251,6 +251,42 @@ def test_a_head_growing_over_reads_is_refused_past_64_kib(rig: Rig) -> None:
     assert transport.closed and rig.closed(CloseReason.MALFORMED) == 1
 
 
+def test_hundreds_of_pipelined_requests_answered_on_the_loop_are_answered_in_order() -> None:
+    rig = Rig()
+    rig.front.inline = frozenset({"/inline"})
+    conn, transport = rig.connect()
+    post = b"POST /inline HTTP/1.1\r\nHost: g\r\nContent-Length: 1\r\n\r\nx"
+    conn.data_received(post * 2000)  # no recursion per request
+    assert transport.written.count(b"HTTP/1.1 200 OK") == 2000
+    assert calls == ["/inline"] * 2000
+    assert transport.reading and not transport.closed
+    rig.loop.close()
+
+
+def test_100_continue_comes_after_the_answers_before_it(rig: Rig) -> None:
+    conn, transport = rig.connect()
+    waiting = b"POST /b HTTP/1.1\r\nHost: g\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n"
+    conn.data_received(get("/a") + waiting)
+    assert b"100 Continue" not in transport.written  # /a is not answered yet
+    rig.pool.run_all(rig.loop)
+    answer_a = transport.written.index(b"HTTP/1.1 200 OK")
+    assert transport.written.index(b"HTTP/1.1 100 Continue") > answer_a
+    conn.data_received(b"hi")
+    rig.pool.run_all(rig.loop)
+    assert transport.written.endswith(b"ok hi")
+
+
+def test_a_refused_body_its_client_waits_to_send_ends_the_connection(rig: Rig) -> None:
+    conn, transport = rig.connect()
+    conn.data_received(
+        b"POST /x HTTP/1.1\r\nHost: g\r\nExpect: 100-continue\r\nContent-Length: 5000\r\n\r\n"
+    )
+    rig.pool.run_all(rig.loop)
+    assert b"100 Continue" not in transport.written
+    assert b"\r\nConnection: close\r\n" in transport.written
+    assert transport.closed and rig.closed(CloseReason.DONE) == 1
+
+
 def test_a_declared_body_over_the_limit_is_answered_unread(rig: Rig) -> None:
     conn, transport = rig.connect()
     conn.data_received(b"POST /x HTTP/1.1\r\nHost: g\r\nContent-Length: 1001\r\n\r\n")
@@ -471,6 +507,19 @@ def test_h2_rapid_reset_gets_enhance_your_calm(rig: Rig) -> None:
     assert ended and ended[0].error_code == 0xB
     rig.pool.run_all(rig.loop)
     assert calls == []
+
+
+def test_h2_resets_the_peer_makes_the_server_do_count_against_its_budget(rig: Rig) -> None:
+    peer = H2Peer(rig)
+    for _ in range(200):  # a stream opened, then a WINDOW_UPDATE of 0: the server resets it
+        stream_id = peer.headers("/r", end=False)
+        peer.send()
+        peer.conn.data_received(b"\x00\x00\x04\x08\x00" + stream_id.to_bytes(4, "big") + bytes(4))
+    assert not peer.transport.closed
+    stream_id = peer.headers("/r", end=False)
+    peer.send()
+    peer.conn.data_received(b"\x00\x00\x04\x08\x00" + stream_id.to_bytes(4, "big") + bytes(4))
+    assert peer.transport.closed and rig.closed(CloseReason.RESET_FLOOD) == 1
 
 
 def test_h2_unfinished_bodies_are_held_within_the_window_and_let_go_on_reset(rig: Rig) -> None:
