@@ -2,15 +2,17 @@
 
     .venv/bin/python -m benchmarks.endtoend                # 1,000 nodes, 1,000 pods, 2 rounds each
     .venv/bin/python -m benchmarks.endtoend --quick        # a smoke size (seconds)
+    .venv/bin/python -m benchmarks.endtoend --kubernetes 1.28  # on v1.28's binaries
     .venv/bin/python -m benchmarks.endtoend --nodes 1000 --pods 400 --rounds 3 --json f.json
     .venv/bin/python -m benchmarks.endtoend --prioritize    # and gas with prioritize too
     .venv/bin/python -m benchmarks.endtoend --baseline DIR  # and gas from the tree DIR
     .venv/bin/python -m benchmarks.endtoend --profile DIR   # py-spy stacks of gas, per burst
     .venv/bin/python -m benchmarks.endtoend --perf DIR      # perf of the three processes, per burst
 
-A real control plane (etcd, kube-apiserver v1.28, `tests/support/realk8s.py`) holds N fake
-GPU nodes of 4 to 8 cards (the labels and allocatable resources gas reads) and running pods
-filling their cards to `--occupancy` of GPU memory. Each round starts a real kube-scheduler
+A real control plane (etcd, kube-apiserver and kube-scheduler of `--kubernetes`, 1.37 unless
+told, `tests/support/realk8s.py`) holds N fake GPU nodes of 4 to 8 cards (the labels and
+allocatable resources gas reads) and running pods filling their cards to `--occupancy` of GPU
+memory. Each round starts a real kube-scheduler
 (client QPS and burst raised so that binds are not throttled), and in the gas rounds a real
 `gas serve` (gunicorn, mutual TLS, the admin kubeconfig) registered as its extender as the
 shipped configurations register it: filter, preempt and bind (`--prioritize` adds rounds
@@ -809,6 +811,7 @@ def run_rounds(
     rounds: list[Round] = []
     plane = realk8s.ControlPlane(
         workdir,
+        version=args.kubernetes,
         apiserver_args=[
             # No kubelet lifts the not-ready taint this admission puts on a new node.
             "--disable-admission-plugins=TaintNodesByCondition",
@@ -899,13 +902,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="directory for `perf record -g` of kube-scheduler, kube-apiserver and gas's worker "
         "over each burst (perf on PATH)",
     )
+    parser.add_argument(
+        "--kubernetes",
+        choices=realk8s.VERSIONS,
+        default=realk8s.NEWEST,
+        help="the real binaries' version (default: %(default)s)",
+    )
     parser.add_argument("--keep", help="working directory to keep (logs), else a temporary one")
     parser.add_argument("--quick", action="store_true", help="smoke size: 20 nodes, 30 pods")
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args(argv)
     if args.quick:
         args.nodes, args.pods, args.rounds, args.settle = 20, 30, 1, 5.0
-    reason = realk8s.missing()
+    reason = realk8s.missing(args.kubernetes)
     if reason is not None:
         print(f"skipped: {reason}")
         if args.json:
@@ -938,6 +947,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\nlogs: {workdir}")
     if args.json:
         record = {
+            "kubernetes": args.kubernetes,
             "nodes": args.nodes,
             "cards": cluster.cards,
             "running_pods": len(cluster.pods),

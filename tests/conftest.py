@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import realk8s
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles, make_tls_files
 from tests.support.scheduler import SchedulerEmulator
@@ -77,6 +78,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def soak_operations(request: pytest.FixtureRequest) -> int:
     """Operations for a soak run of the randomised workload; 0 when not asked for."""
     return soak_size(request.config)
+
+
+@pytest.fixture(scope="module", params=realk8s.VERSIONS, ids=lambda v: f"k8s-{v}")
+def k8s(request: pytest.FixtureRequest) -> realk8s.Release:
+    """A Kubernetes version whose real binaries a test runs on: every such test runs once
+    per version, and skips one whose folder is absent (a clone without ../shared). CI has
+    every version and must run them all, so there an absent one fails."""
+    version: str = request.param
+    reason = realk8s.missing(version)
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run Kubernetes {version}: {reason}")
+        pytest.skip(reason)
+    return realk8s.release(version)
 
 
 @pytest.fixture(scope="session")

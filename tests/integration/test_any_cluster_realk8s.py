@@ -37,7 +37,6 @@ from tests.support.polling import wait_for
 from tests.support.webhookproc import WebhookProcess
 
 pytestmark = [
-    pytest.mark.skipif(realk8s.missing() is not None, reason=str(realk8s.missing())),
     pytest.mark.timeout(115),
 ]
 
@@ -51,9 +50,9 @@ SCHEDULER = "gas-scheduler"
 FIELD_MANAGER = "gas-deploy-test"
 
 
-def render(directory: Path) -> str:
+def render(directory: Path, version: str) -> str:
     done = subprocess.run(
-        [str(realk8s.binary("kubectl")), "kustomize", str(directory)],
+        [str(realk8s.binary("kubectl", version)), "kustomize", str(directory)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -71,12 +70,12 @@ class Applied:
 
 
 @pytest.fixture(scope="module")
-def applied(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Applied]:
+def applied(tmp_path_factory: pytest.TempPathFactory, k8s: realk8s.Release) -> Iterator[Applied]:
     """A control plane with both ways of installing applied, as an operator applies them
     (server-side apply of `kubectl kustomize`'s output), and the webhook configurations,
     registered on their own (without caBundle here: cert-manager's way)."""
-    with realk8s.ControlPlane(tmp_path_factory.mktemp("plane")) as plane:
-        texts = [render(d) for d in (DEPLOY, KUBEADM_WEBHOOK, ANY_CLUSTER)]
+    with realk8s.ControlPlane(tmp_path_factory.mktemp("plane"), version=k8s.version) as plane:
+        texts = [render(d, k8s.version) for d in (DEPLOY, KUBEADM_WEBHOOK, ANY_CLUSTER)]
         texts += [path.read_text() for path in WEBHOOK_CONFIGURATIONS]
         stored: list[tuple[dict[str, Any], dict[str, Any]]] = []
         for text in texts:
@@ -284,13 +283,15 @@ def gas_certs(directory: Path) -> TLSFiles:
     )
 
 
-def profile_configuration(kubeconfig: str, tls: TLSFiles, gas_port: int) -> dict[str, Any]:
+def profile_configuration(
+    version: str, kubeconfig: str, tls: TLSFiles, gas_port: int
+) -> dict[str, Any]:
     """The profile's configuration as the rendered ConfigMap holds it, with what differs
     outside a pod: the kubeconfig (a pod has its in-cluster one), the files of the mounted
     Secret, and gas's port (a free one here)."""
     (config_map,) = [
         d
-        for d in _objects(render(ANY_CLUSTER))
+        for d in _objects(render(ANY_CLUSTER, version))
         if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gas-scheduler-config"
     ]
     config: dict[str, Any] = yaml.safe_load(config_map["data"]["config.yaml"])
@@ -381,7 +382,7 @@ def _profile_binds_through_gas(
     assert refused.status_code == 503, refused.text
 
     health = realk8s.free_port()
-    config = profile_configuration(kubeconfig, tls, gas.port)
+    config = profile_configuration(plane.version, kubeconfig, tls, gas.port)
     # In a pod, its HTTPS port's delegated authentication and authorisation use the
     # in-cluster configuration; here the same account's kubeconfig, named.
     delegation = [f"--authentication-kubeconfig={kubeconfig}"]
@@ -475,7 +476,7 @@ def _start_pod_scheduler(
         "sh",
         "-c",
         f'hostname {pod} && exec "$0" "$@"',
-        str(realk8s.binary("kube-scheduler")),
+        str(realk8s.binary("kube-scheduler", plane.version)),
         f"--config={path}",
         "--secure-port=0",
         "--bind-address=127.0.0.1",
@@ -538,7 +539,7 @@ def test_two_scheduler_pods_one_gas_binds_and_the_other_takes_over(
             stack.callback(gas[pod].stop)
         for pod in pods:
             gas[pod].wait_ready()
-            config = profile_configuration(kubeconfig, tls, gas[pod].port)
+            config = profile_configuration(plane.version, kubeconfig, tls, gas[pod].port)
             schedulers[pod] = _start_pod_scheduler(plane, pod, config)
             stack.callback(schedulers[pod].stop)
         leader = wait_for(lambda: _holder(plane) in pods and _holder(plane), what="a leader")

@@ -7,16 +7,17 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import pytest
-
 from tests.support import realk8s
 from tests.support.benchrun import run_quick
 
-pytestmark = pytest.mark.skipif(realk8s.missing() is not None, reason=str(realk8s.missing()))
 
-
-def test_quick_run_schedules_every_pod_alone_and_with_gas(tmp_path: Path) -> None:
-    stdout, report = run_quick("benchmarks.endtoend", tmp_path / "figures.json")
+def test_quick_run_schedules_every_pod_alone_and_with_gas(
+    tmp_path: Path, k8s: realk8s.Release
+) -> None:
+    stdout, report = run_quick(
+        "benchmarks.endtoend", tmp_path / "figures.json", "--kubernetes", k8s.version
+    )
+    assert report["kubernetes"] == k8s.version
     rounds = {r["mode"]: r for r in report["rounds"]}
     assert set(rounds) == {"alone", "gas"}, stdout
     for mode, result in rounds.items():

@@ -30,7 +30,6 @@ from tests.support.objects import container, gpu_node, gpu_pod
 from tests.support.polling import wait_for
 
 pytestmark = [
-    pytest.mark.skipif(realk8s.missing() is not None, reason=str(realk8s.missing())),
     pytest.mark.timeout(115),
 ]
 
@@ -40,8 +39,8 @@ DURATION = 4  # leaseDuration, shortened; renewDeadline 3s, retryPeriod 1s
 
 
 @pytest.fixture
-def plane(tmp_path: Path) -> Iterator[realk8s.ControlPlane]:
-    with realk8s.ControlPlane(tmp_path / "plane") as plane:
+def plane(tmp_path: Path, k8s: realk8s.Release) -> Iterator[realk8s.ControlPlane]:
+    with realk8s.ControlPlane(tmp_path / "plane", version=k8s.version) as plane:
         plane.prepare_namespace(NAMESPACE)
         plane.prepare_namespace("team-a")
         yield plane

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import ast
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from gas.core.ledger import Ledger
 from gas.kubeapi.core import RawCoordinationV1Api, RawCoreV1Api
 from gas.kubeapi.prepared import PreparedApi
 from gas.serving.extender import create_app
+from tests.support import realk8s
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -446,19 +446,9 @@ def _kustomized(doc: dict[str, Any], kustomization: dict[str, Any]) -> dict[str,
     return doc
 
 
-def kubectl() -> str | None:
-    """The real kubectl (v1.28, kustomize v5) of ../shared/k8s, else one on PATH."""
-    from tests.support import realk8s
-
-    if realk8s.missing() is None:
-        return str(realk8s.binary("kubectl"))
-    return shutil.which("kubectl")
-
-
-def kustomize_build(directory: Path) -> list[dict[str, Any]]:
-    command = kubectl()
-    if command is None:
-        pytest.skip("no kubectl: neither ../shared/k8s nor one on PATH")
+def kustomize_build(directory: Path, k8s: realk8s.Release) -> list[dict[str, Any]]:
+    """`kubectl kustomize` of that version's real kubectl (each embeds its kustomize v5)."""
+    command = str(realk8s.binary("kubectl", k8s.version))
     result = subprocess.run(
         [command, "kustomize", str(directory)], capture_output=True, text=True, timeout=120
     )
@@ -471,18 +461,20 @@ def _key(doc: dict[str, Any]) -> tuple[str, str, str]:
 
 
 @pytest.mark.parametrize("directory", [KUBEADM, ANY_CLUSTER, KUBEADM_WEBHOOK], ids=_label)
-def test_kubectl_kustomize_builds_exactly_the_files(directory: Path) -> None:
-    built = kustomize_build(directory)
+def test_kubectl_kustomize_builds_exactly_the_files(directory: Path, k8s: realk8s.Release) -> None:
+    built = kustomize_build(directory, k8s)
     assert sorted(built, key=_key) == sorted(way_documents(directory), key=_key)
 
 
-def test_kustomize_sets_the_kube_scheduler_image_from_the_kustomization() -> None:
+def test_kustomize_sets_the_kube_scheduler_image_from_the_kustomization(
+    k8s: realk8s.Release,
+) -> None:
     (entry,) = [
         e
         for e in kustomization_of(ANY_CLUSTER)["images"]
         if e["name"] == "registry.k8s.io/kube-scheduler"
     ]
-    built = kustomize_build(ANY_CLUSTER)
+    built = kustomize_build(ANY_CLUSTER, k8s)
     (deployment,) = [d for d in built if _key(d) == ("Deployment", NAMESPACE, "gas-scheduler")]
     images = {c["name"]: c["image"] for c in _containers(deployment)}
     assert images["kube-scheduler"] == f"registry.k8s.io/kube-scheduler:{entry['newTag']}"

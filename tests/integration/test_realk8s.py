@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -10,8 +12,6 @@ from kubernetes import client
 
 from tests.support import realk8s
 from tests.support.polling import wait_for
-
-pytestmark = pytest.mark.skipif(realk8s.missing() is not None, reason=str(realk8s.missing()))
 
 SCHEDULER_CONFIG = """
 apiVersion: kubescheduler.config.k8s.io/v1
@@ -64,8 +64,10 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_a_real_scheduler_binds_a_pod_on_the_real_api_server(tmp_path: Path) -> None:
-    with realk8s.ControlPlane(tmp_path) as plane:
+def test_a_real_scheduler_binds_a_pod_on_the_real_api_server(
+    tmp_path: Path, k8s: realk8s.Release
+) -> None:
+    with realk8s.ControlPlane(tmp_path, version=k8s.version) as plane:
         api = plane.client()
         core = client.CoreV1Api(api)
         # No kubelet: a Node is what we POST. Admission (TaintNodesByCondition) taints a new
@@ -103,7 +105,31 @@ def test_a_real_scheduler_binds_a_pod_on_the_real_api_server(tmp_path: Path) -> 
     assert os.path.getsize(tmp_path / "kube-apiserver.log") > 0
 
 
-def test_missing_names_what_is_absent() -> None:
-    # On this machine everything is present; the reason is None and the binaries unpack.
-    assert realk8s.missing() is None
-    assert os.access(realk8s.binary("kubectl"), os.X_OK)
+def test_the_binaries_unpack_and_say_their_version(k8s: realk8s.Release) -> None:
+    # The k8s fixture ran: every binary of the control plane is present and unpacks.
+    assert realk8s.missing(k8s.version) is None
+    kubectl = realk8s.binary("kubectl", k8s.version)
+    assert os.access(kubectl, os.X_OK)
+    done = subprocess.run(
+        [str(kubectl), "version", "--client", "-o", "json"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    minor = json.loads(done.stdout)["clientVersion"]["minor"]
+    # 1.28's binaries carry no version stamp (v0.0.0-master), 1.37's say 37.
+    assert minor == ("" if k8s.version == "1.28" else "37")
+
+
+def test_missing_names_what_is_absent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(realk8s.RELEASES, "9.99", realk8s.Release("9.99", tmp_path / "k8s-9.99"))
+    assert (
+        realk8s.missing("9.99")
+        == f"no real Kubernetes 9.99 binaries: {tmp_path}/k8s-9.99 is absent"
+    )
+    (tmp_path / "k8s-9.99").mkdir()
+    (tmp_path / "k8s-9.99" / "SHA256SUMS").write_text("")
+    (tmp_path / "k8s-9.99" / "kubectl.xz").write_bytes(b"")
+    assert (
+        realk8s.missing("9.99", ["kubectl", "kubelet"]) == f"{tmp_path}/k8s-9.99 lacks kubelet.xz"
+    )
+    with pytest.raises(ValueError, match=r"no Kubernetes '1\.2' here; known: 1\.28, 1\.37"):
+        realk8s.missing("1.2")

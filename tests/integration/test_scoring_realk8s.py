@@ -22,7 +22,6 @@ from tests.support.polling import wait_for
 from tests.support.promtext import metric
 
 pytestmark = [
-    pytest.mark.skipif(realk8s.missing() is not None, reason=str(realk8s.missing())),
     pytest.mark.timeout(150),
 ]
 
@@ -30,8 +29,8 @@ NAMESPACE = "team-a"
 
 
 @pytest.fixture
-def plane(tmp_path: Path) -> Iterator[realk8s.ControlPlane]:
-    with realk8s.ControlPlane(tmp_path / "plane") as plane:
+def plane(tmp_path: Path, k8s: realk8s.Release) -> Iterator[realk8s.ControlPlane]:
+    with realk8s.ControlPlane(tmp_path / "plane", version=k8s.version) as plane:
         plane.prepare_namespace(NAMESPACE)
         yield plane
 

@@ -22,7 +22,6 @@ from tests.support.gasproc import TLSFiles, free_port, make_tls_files
 from tests.support.webhookproc import WebhookProcess
 
 pytestmark = [
-    pytest.mark.skipif(realk8s.missing() is not None, reason=str(realk8s.missing())),
     pytest.mark.timeout(110),
 ]
 
@@ -73,12 +72,12 @@ def start_webhook(workdir: Path, tls: TLSFiles, port: int, name: str) -> Webhook
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    workdir = tmp_path_factory.mktemp("webhook-real")
+def cluster(tmp_path_factory: pytest.TempPathFactory, k8s: realk8s.Release) -> Iterator[Cluster]:
+    workdir = tmp_path_factory.mktemp(f"webhook-real-{k8s.version}")
     # A CA and the webhook's certificate for 127.0.0.1, the host of the URL registered.
     tls = make_tls_files(workdir)
     port = free_port()
-    with realk8s.ControlPlane(workdir / "plane") as plane:
+    with realk8s.ControlPlane(workdir / "plane", version=k8s.version) as plane:
         cluster = Cluster(plane, start_webhook(workdir, tls, port, "webhook-0"), tls, port, workdir)
         try:
             for namespace in (APPS, "kube-system"):

@@ -1,14 +1,18 @@
 """A real Kubernetes control plane on loopback: etcd, kube-apiserver and kube-scheduler.
 
 For what the API-server double cannot tell: admission webhooks, RBAC as the real authorizer
-applies it, the real kube-scheduler calling gas. The binaries are those of
-``<repo>/../shared/k8s`` (v1.28, xz-compressed), unpacked once into a cache directory and
-checked against its SHA256SUMS; etcd is the system's (Debian's etcd-server).
+applies it, the real kube-scheduler calling gas. The binaries are those of one `Release`:
+``<repo>/../shared/k8s`` (v1.28) or ``<repo>/../shared/k8s-1.37`` (v1.37), xz-compressed,
+unpacked once into a cache directory and checked against their SHA256SUMS; etcd is the
+system's (Debian's etcd-server). Tests take the version from the `k8s` fixture
+(tests/conftest.py), which runs them once per version and skips a version whose folder is
+absent.
 
-There is no kube-controller-manager and no kubelet: a Node is only what a test creates,
-pods are bound, never run.
+There is no kubelet here (tests/support/realnode.py adds one), and kube-controller-manager
+runs only when a test asks for it (`start_controller_manager`, 1.37): otherwise a Node is
+only what a test creates, and pods are bound, never run.
 
-    with ControlPlane(tmp_path) as plane:
+    with ControlPlane(tmp_path, version=k8s.version) as plane:
         core = kubernetes.client.CoreV1Api(plane.client())
         plane.start_scheduler(CONFIG)
 
@@ -36,6 +40,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
@@ -49,22 +54,57 @@ if TYPE_CHECKING:
     from tests.support.gasproc import TLSFiles
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED = ROOT.parent / "shared" / "k8s"
-BINARIES = ("kube-apiserver", "kube-scheduler", "kubectl")
+
+
+@dataclass(frozen=True)
+class Release:
+    """One Kubernetes version's binaries: a folder of ``<name>.xz`` files and SHA256SUMS."""
+
+    version: str
+    folder: Path
+    # What every test on this version needs; the rest (kubelet, containerd) is asked for
+    # by name through `missing(names=...)`.
+    control_plane: tuple[str, ...] = ("kube-apiserver", "kube-scheduler", "kubectl")
+
+    @property
+    def id(self) -> str:
+        return f"k8s-{self.version}"
+
+
+RELEASES: dict[str, Release] = {
+    "1.28": Release("1.28", ROOT.parent / "shared" / "k8s"),
+    "1.37": Release("1.37", ROOT.parent / "shared" / "k8s-1.37"),
+}
+# Every version a real-binary test runs on, oldest first.
+VERSIONS: tuple[str, ...] = tuple(RELEASES)
+NEWEST = VERSIONS[-1]
+# The node half's binaries (only 1.37's folder has them).
+NODE_BINARIES = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr")
+
+
+def release(version: str) -> Release:
+    try:
+        return RELEASES[version]
+    except KeyError:
+        raise ValueError(f"no Kubernetes {version!r} here; known: {', '.join(VERSIONS)}") from None
 
 
 def etcd_path() -> str | None:
     return shutil.which("etcd") or ("/usr/bin/etcd" if os.path.exists("/usr/bin/etcd") else None)
 
 
-def missing() -> str | None:
-    """Why a real control plane cannot run here (for a skip), or None when it can."""
-    if not (SHARED / "SHA256SUMS").is_file():
-        return f"no real Kubernetes binaries: {SHARED} is absent"
-    absent = [name for name in BINARIES if not (SHARED / f"{name}.xz").is_file()]
+def missing(version: str, names: Iterable[str] | None = None) -> str | None:
+    """Why Kubernetes `version`'s real binaries (its control plane, or `names`) cannot run
+    here (for a skip), or None when they can."""
+    found = release(version)
+    folder = found.folder
+    if not (folder / "SHA256SUMS").is_file():
+        return f"no real Kubernetes {version} binaries: {folder} is absent"
+    wanted = found.control_plane if names is None else tuple(names)
+    absent = [name for name in wanted if not (folder / f"{name}.xz").is_file()]
     if absent:
-        return f"{SHARED} lacks {', '.join(n + '.xz' for n in absent)}"
-    if etcd_path() is None:
+        return f"{folder} lacks {', '.join(n + '.xz' for n in absent)}"
+    if names is None and etcd_path() is None:
         return "no etcd (Debian package etcd-server)"
     return None
 
@@ -74,27 +114,29 @@ def _cache_root() -> Path:
     return Path(base) / "gas-k8s"
 
 
-def _sums() -> dict[str, str]:
+def _sums(folder: Path) -> dict[str, str]:
     sums: dict[str, str] = {}
-    for line in (SHARED / "SHA256SUMS").read_text().splitlines():
+    for line in (folder / "SHA256SUMS").read_text().splitlines():
         parts = line.split()
         if len(parts) == 2:
             sums[parts[1].lstrip("*")] = parts[0]
     return sums
 
 
-def binary(name: str) -> Path:
-    """The unpacked binary `name`, from the cache (~/.cache/gas-k8s/<sha256>/<name>).
+def binary(name: str, version: str) -> Path:
+    """Kubernetes `version`'s unpacked binary `name`, from the cache
+    (~/.cache/gas-k8s/<sha256>/<name>).
 
     Unpacked to a temporary file, checked against SHA256SUMS and only then renamed into
     place, so that parallel test runs never see half a binary.
     """
-    reason = missing()
+    folder = release(version).folder
+    reason = missing(version, [name])
     if reason is not None:
         raise RuntimeError(reason)
-    expected = _sums().get(name)
+    expected = _sums(folder).get(name)
     if expected is None:
-        raise RuntimeError(f"{SHARED / 'SHA256SUMS'} has no sum for {name}")
+        raise RuntimeError(f"{folder / 'SHA256SUMS'} has no sum for {name}")
     target = _cache_root() / expected / name
     if target.is_file():
         return target
@@ -102,7 +144,7 @@ def binary(name: str) -> Path:
     digest = hashlib.sha256()
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as out, lzma.open(SHARED / f"{name}.xz") as compressed:
+        with os.fdopen(fd, "wb") as out, lzma.open(folder / f"{name}.xz") as compressed:
             while chunk := compressed.read(1 << 20):
                 digest.update(chunk)
                 out.write(chunk)
@@ -216,9 +258,12 @@ class ControlPlane:
     def __init__(
         self,
         workdir: str | os.PathLike[str],
+        *,
+        version: str,
         apiserver_args: Iterable[str] = (),
         ready_timeout: float = 60.0,
     ) -> None:
+        self.version = release(version).version
         self.workdir = Path(workdir)
         self.apiserver_args = list(apiserver_args)
         self.ready_timeout = ready_timeout
@@ -345,11 +390,11 @@ class ControlPlane:
     # -------------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
-        reason = missing()
+        reason = missing(self.version)
         if reason is not None:
             raise RuntimeError(reason)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        apiserver_bin = binary("kube-apiserver")
+        apiserver_bin = binary("kube-apiserver", self.version)
         pki = self._write_pki()
         etcd = etcd_path()
         assert etcd is not None
@@ -536,7 +581,7 @@ class ControlPlane:
 
         With `check`, a non-zero exit raises with kubectl's stderr in the message."""
         command = [
-            str(binary("kubectl")),
+            str(binary("kubectl", self.version)),
             f"--kubeconfig={kubeconfig or self.admin_kubeconfig}",
             *args,
         ]
@@ -585,7 +630,7 @@ class ControlPlane:
         path = self.workdir / f"{name}.config.yaml"
         path.write_text(yaml.safe_dump(config))
         extra = list(args)
-        command = [str(binary("kube-scheduler")), f"--config={path}"]
+        command = [str(binary("kube-scheduler", self.version)), f"--config={path}"]
         if not any(a.startswith("--secure-port") for a in extra):
             command.append("--secure-port=0")
         if not any(a.startswith("--bind-address") for a in extra):
