@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,106 @@ def test_missing_names_what_is_absent(tmp_path: Path, monkeypatch: pytest.Monkey
     )
     with pytest.raises(ValueError, match=r"no Kubernetes '1\.2' here; known: 1\.28, 1\.37"):
         realk8s.missing("1.2")
+
+
+WITH_CONTROLLER_MANAGER = [
+    pytest.param(
+        v,
+        id=f"k8s-{v}",
+        marks=pytest.mark.skipif(
+            realk8s.missing(v, ["kube-controller-manager"]) is not None,
+            reason=f"Kubernetes {v}'s folder has no kube-controller-manager",
+        ),
+    )
+    for v in realk8s.VERSIONS
+    if v != "1.28"  # ../shared/k8s has none: its tests make by hand what it would
+]
+
+
+@pytest.mark.parametrize("version", WITH_CONTROLLER_MANAGER)
+def test_the_controller_manager_fills_namespaces_and_collects_orphans(
+    tmp_path: Path, version: str
+) -> None:
+    if realk8s.missing(version) is not None:
+        pytest.skip(str(realk8s.missing(version)))
+    with realk8s.ControlPlane(tmp_path, version=version) as plane:
+        core = client.CoreV1Api(plane.client())
+        manager = plane.start_controller_manager()
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="team-x")))
+
+        def filled() -> bool:
+            accounts = [
+                a.metadata.name for a in core.list_namespaced_service_account("team-x").items
+            ]
+            maps = [m.metadata.name for m in core.list_namespaced_config_map("team-x").items]
+            return "default" in accounts and "kube-root-ca.crt" in maps
+
+        try:
+            wait_for(filled, timeout=60, what="team-x's default account and root CA")
+        except TimeoutError as exc:
+            raise AssertionError(manager.tail()) from exc
+        # A ConfigMap owned by a pod is collected once the pod is gone (garbage collector).
+        core.create_namespaced_pod("team-x", _pod("owner"))
+        owner = core.read_namespaced_pod("owner", "team-x")
+        reference = client.V1OwnerReference(
+            api_version="v1", kind="Pod", name="owner", uid=owner.metadata.uid
+        )
+        core.create_namespaced_config_map(
+            "team-x",
+            client.V1ConfigMap(
+                metadata=client.V1ObjectMeta(name="owned", owner_references=[reference])
+            ),
+        )
+        core.delete_namespaced_pod("owner", "team-x", grace_period_seconds=0)
+
+        def collected() -> bool:
+            names = [m.metadata.name for m in core.list_namespaced_config_map("team-x").items]
+            return "owned" not in names
+
+        wait_for(collected, timeout=60, what="the orphaned ConfigMap collected")
+        manager.check_alive()
+
+
+def _both_versions() -> None:
+    for version in ("1.28", "1.37"):
+        if realk8s.missing(version) is not None:
+            pytest.skip(str(realk8s.missing(version)))
+
+
+def _schedule_across(workdir: Path, cluster: str, scheduler_version: str) -> tuple[bool, str]:
+    """Whether kube-scheduler `scheduler_version` on kube-apiserver `cluster` binds a pod
+    (given 60 s to, or 10 s once it has failed to list an API), and its log."""
+    with realk8s.ControlPlane(workdir, version=cluster) as plane:
+        core = client.CoreV1Api(plane.client())
+        core.create_node(_node("node-a"))
+        core.patch_node("node-a", [{"op": "remove", "path": "/spec/taints"}])
+        core.create_namespaced_pod("default", _pod("p"))
+        config = plane.workdir / "scheduler.yaml"
+        config.write_text(
+            SCHEDULER_CONFIG + f"clientConnection:\n  kubeconfig: {plane.admin_kubeconfig}\n"
+        )
+        command = [
+            str(realk8s.binary("kube-scheduler", scheduler_version)),
+            f"--config={config}",
+            "--secure-port=0",
+        ]
+        scheduler = plane._spawn("kube-scheduler", command)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and _node_name(core, "p") is None:
+            if "could not find the requested resource" in scheduler.log():
+                deadline = min(deadline, time.monotonic() + 10)
+            time.sleep(0.2)
+        scheduler.check_alive()
+        return _node_name(core, "p") is not None, scheduler.log()
+
+
+def test_a_scheduler_newer_than_its_api_server_schedules_nothing(tmp_path: Path) -> None:
+    """Why `gas check-config` refuses a kube-scheduler image newer than the cluster:
+    kube-scheduler 1.37 on kube-apiserver 1.28 waits for resource.k8s.io forever, while
+    1.28's on 1.37 binds (outside the skew policy, which the check warns of)."""
+    _both_versions()
+    bound, log = _schedule_across(tmp_path / "new-on-old", "1.28", "1.37")
+    assert not bound, log[-3000:]
+    assert "resourceslices.resource.k8s.io" in log
+    bound, log = _schedule_across(tmp_path / "old-on-new", "1.37", "1.28")
+    assert bound, log[-3000:]

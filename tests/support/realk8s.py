@@ -362,6 +362,8 @@ class ControlPlane:
         ca_cert, ca_key = tls.new_ca("gas-realk8s-ca")
         self._ca = (ca_cert, ca_key)
         tls.write_pem(pki / "ca.crt", ca_cert)
+        # For kube-controller-manager's certificate signer, when a test starts it.
+        tls.write_pem(pki / "ca.key", ca_key, private=True)
         serving, serving_key = tls.issue_certificate(
             ca_cert,
             ca_key,
@@ -637,6 +639,35 @@ class ControlPlane:
             command.append("--bind-address=127.0.0.1")
         command += extra
         return self._spawn(name, command, env)
+
+    def start_controller_manager(
+        self, controllers: str = "*,-nodeipam,-nodelifecycle", args: Iterable[str] = ()
+    ) -> Process:
+        """Start kube-controller-manager (a version whose folder has it: 1.37) as the
+        cluster's admin; stopped with the plane.
+
+        What a test without it must do by hand, it does: a namespace's `default`
+        ServiceAccount and `kube-root-ca.crt`, claims from ResourceClaimTemplates and their
+        release when the last pod is gone, garbage collection. By default without node IPAM
+        (no pod CIDRs here) and node lifecycle (which would taint and evict the nodes a test
+        POSTs, having no kubelet behind them); a test with a real kubelet may ask for it.
+        """
+        pki = self.workdir / "pki"
+        command = [
+            str(binary("kube-controller-manager", self.version)),
+            f"--kubeconfig={self.admin_kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            "--secure-port=0",
+            f"--controllers={controllers}",
+            f"--root-ca-file={self.ca_file}",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            "--use-service-account-credentials=false",
+            f"--cluster-signing-cert-file={self.ca_file}",
+            f"--cluster-signing-key-file={pki / 'ca.key'}",
+            *args,
+        ]
+        return self._spawn("kube-controller-manager", command)
 
 
 def gas_extender(port: int, tls: TLSFiles, **fields: Any) -> dict[str, Any]:

@@ -859,6 +859,44 @@ def test_profile_findings_are_placed_in_the_configmap_at_their_line(
     assert finding.endswith(f"(line {line - 1})")  # the list's line, just above the name
 
 
+def scheduler_image(doc: dict[str, Any], image: str) -> dict[str, Any]:
+    (scheduler,) = [
+        c for c in doc["spec"]["template"]["spec"]["containers"] if c["name"] == "kube-scheduler"
+    ]
+    scheduler["image"] = image
+    return doc
+
+
+def test_the_scheduler_image_is_held_to_the_clusters_version(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    def lint(image: str, version: str | None) -> Result:
+        config = tmp_path / "scheduler-config.yaml"
+        config.write_text(wrapped(profile()))
+        workload = tmp_path / "deployment.yaml"
+        workload.write_text(yaml.safe_dump(scheduler_image(deployment(), image)))
+        return check(capsys, config, workload, version=version)
+
+    image = "registry.k8s.io/kube-scheduler:v1.33.2"
+    # Its own version, or one minor older (the skew policy's bound), or no version given.
+    for version in ("1.33", "v1.33.2-eks-0a1b2c3", "1.34", None):
+        assert lint(image, version).lines == ["OK"], version
+    newer = lint(image, "1.32")
+    where = f"{tmp_path}/scheduler-config.yaml:data[config.yaml]"
+    newer.only("ERROR", where, "v1.33, newer than the cluster (1.32)", "no pod", "v1.32.x")
+    assert newer.status == 1
+    older = lint(image, "1.37")
+    older.only("WARNING", where, "v1.33, more than one minor version older", "(1.37)", "v1.37.x")
+    assert older.status == 0
+    # A tag that is no version (a digest, latest, a registry's port) says nothing.
+    for other in (
+        "registry.local:5000/kube-scheduler@sha256:" + "0" * 64,
+        "registry.local:5000/kube-scheduler:latest",
+        "registry.local:5000/kube-scheduler",
+    ):
+        assert lint(other, "1.28").lines == ["OK"], other
+
+
 def test_profile_the_webhook_does_not_name_is_an_error(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -22,6 +22,7 @@ from gas.core.admission import DEFAULT_SCHEDULER, GAS_SCHEDULER
 from gas.tools.checkconfig.checker import Checker
 from gas.tools.checkconfig.extenders import gas_entries
 from gas.tools.checkconfig.load import LocatedMap, join_path, line_of
+from gas.tools.checkconfig.values import Version, parse_version, version_text
 
 # `gas webhook --schedulerName`'s default, and the profile of deploy/any-cluster.
 WEBHOOK_SCHEDULER = GAS_SCHEDULER
@@ -60,6 +61,8 @@ class Workload:
     webhook_scheduler: str | None = None
     # kube-scheduler's folders, if the pod runs it.
     scheduler_mounts: tuple[Mount, ...] | None = None
+    # The version of kube-scheduler's image (its tag: v1.37.2 gives 1.37), when it has one.
+    scheduler_version: Version | None = None
 
 
 def second_scheduler(doc: LocatedMap) -> bool:
@@ -143,8 +146,20 @@ def _read_container(
             for m in (mounts if isinstance(mounts, list) else [])
             if isinstance(m, dict) and isinstance(m.get("mountPath"), str)
         ]
-        return replace(workload, scheduler_mounts=tuple(found))
+        return replace(
+            workload, scheduler_mounts=tuple(found), scheduler_version=_image_version(image)
+        )
     return workload
+
+
+def _image_version(image: str) -> Version | None:
+    """The Kubernetes version of an image reference's tag (`...:v1.37.2`), if it is one."""
+    name = image.split("@", 1)[0]
+    tag = name.rpartition(":")[2] if ":" in name.rpartition("/")[2] else ""
+    try:
+        return parse_version(tag) if tag.startswith("v") else None
+    except ValueError:
+        return None
 
 
 def _mount(mount: dict[str, object], volume: dict[str, object]) -> Mount:
@@ -180,6 +195,8 @@ def check_second_scheduler(checker: Checker, doc: LocatedMap, workload: Workload
     """The rules of a scheduler of gas's own (``second_scheduler(doc)`` is true)."""
     _scheduler_name(checker, doc, workload)
     _leader_election(checker, doc, workload)
+    if workload is not None:
+        _scheduler_version(checker, workload)
     for index, entry in gas_entries(doc):
         _loopback(checker, entry, join_path("extenders", index), workload)
         if workload is not None and workload.scheduler_mounts is not None:
@@ -200,6 +217,34 @@ def check_default_profile_url(checker: Checker, doc: LocatedMap) -> None:
                 "Service (https://gas-extender.gas-system.svc:9001)",
                 line_of(entry, "urlPrefix"),
             )
+
+
+def _scheduler_version(checker: Checker, workload: Workload) -> None:
+    """kube-scheduler's image against the cluster's version (--kubernetesVersion)."""
+    cluster, scheduler = checker.version, workload.scheduler_version
+    if cluster is None or scheduler is None or scheduler == cluster:
+        return
+    own = f"the cluster's own version (v{version_text(cluster)}.x)"
+    if scheduler > cluster:
+        # Measured: kube-scheduler 1.37 against kube-apiserver 1.28 lists the resource.k8s.io
+        # kinds 1.28 does not serve, retries forever and binds no pod.
+        checker.error(
+            "",
+            f"kube-scheduler in {workload.name} is v{version_text(scheduler)}, newer than "
+            f"the cluster ({version_text(cluster)}), outside Kubernetes' version skew policy: it "
+            "may wait for APIs the API server does not serve and schedule no pod (1.37 on "
+            f"1.28 waits forever for resource.k8s.io); use {own}",
+            None,
+        )
+    elif cluster[0] != scheduler[0] or cluster[1] - scheduler[1] > 1:
+        checker.warning(
+            "",
+            f"kube-scheduler in {workload.name} is v{version_text(scheduler)}, more than one "
+            f"minor version older than the cluster ({version_text(cluster)}), outside "
+            "Kubernetes' version skew policy: it schedules without what newer versions "
+            f"added (DRA claims among them); use {own}",
+            None,
+        )
 
 
 def _scheduler_name(checker: Checker, doc: LocatedMap, workload: Workload | None) -> None:
