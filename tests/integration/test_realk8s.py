@@ -7,6 +7,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -150,6 +151,10 @@ WITH_CONTROLLER_MANAGER = [
 ]
 
 
+def _names(listed: Any) -> list[str]:
+    return [item["metadata"]["name"] for item in listed.to_dict()["items"]]
+
+
 @pytest.mark.parametrize("version", WITH_CONTROLLER_MANAGER)
 def test_the_controller_manager_fills_namespaces_and_collects_orphans(
     tmp_path: Path, version: str
@@ -162,10 +167,8 @@ def test_the_controller_manager_fills_namespaces_and_collects_orphans(
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="team-x")))
 
         def filled() -> bool:
-            accounts = [
-                a.metadata.name for a in core.list_namespaced_service_account("team-x").items
-            ]
-            maps = [m.metadata.name for m in core.list_namespaced_config_map("team-x").items]
+            accounts = _names(core.list_namespaced_service_account("team-x"))
+            maps = _names(core.list_namespaced_config_map("team-x"))
             return "default" in accounts and "kube-root-ca.crt" in maps
 
         try:
@@ -174,9 +177,9 @@ def test_the_controller_manager_fills_namespaces_and_collects_orphans(
             raise AssertionError(manager.tail()) from exc
         # A ConfigMap owned by a pod is collected once the pod is gone (garbage collector).
         core.create_namespaced_pod("team-x", _pod("owner"))
-        owner = core.read_namespaced_pod("owner", "team-x")
+        owner = core.read_namespaced_pod("owner", "team-x").to_dict()
         reference = client.V1OwnerReference(
-            api_version="v1", kind="Pod", name="owner", uid=owner.metadata.uid
+            api_version="v1", kind="Pod", name="owner", uid=owner["metadata"]["uid"]
         )
         core.create_namespaced_config_map(
             "team-x",
@@ -187,8 +190,7 @@ def test_the_controller_manager_fills_namespaces_and_collects_orphans(
         core.delete_namespaced_pod("owner", "team-x", grace_period_seconds=0)
 
         def collected() -> bool:
-            names = [m.metadata.name for m in core.list_namespaced_config_map("team-x").items]
-            return "owned" not in names
+            return "owned" not in _names(core.list_namespaced_config_map("team-x"))
 
         wait_for(collected, timeout=60, what="the orphaned ConfigMap collected")
         manager.check_alive()
