@@ -156,7 +156,7 @@ def _names(listed: Any) -> list[str]:
 
 
 @pytest.mark.parametrize("version", WITH_CONTROLLER_MANAGER)
-def test_the_controller_manager_fills_namespaces_and_collects_orphans(
+def test_the_controller_manager_fills_namespaces_makes_claims_and_collects_orphans(
     tmp_path: Path, version: str
 ) -> None:
     if realk8s.missing(version) is not None:
@@ -193,6 +193,36 @@ def test_the_controller_manager_fills_namespaces_and_collects_orphans(
             return "owned" not in _names(core.list_namespaced_config_map("team-x"))
 
         wait_for(collected, timeout=60, what="the orphaned ConfigMap collected")
+
+        # A pod's claim from a ResourceClaimTemplate is made for it (and owned by it): what
+        # a DRA pod needs before kube-scheduler can allocate anything.
+        template = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "one-gpu", "namespace": "team-x"},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": "any"}}]
+                    }
+                }
+            },
+        }
+        claims = "/apis/resource.k8s.io/v1/namespaces/team-x/resourceclaims"
+        status, answer = plane.request(
+            "POST", "/apis/resource.k8s.io/v1/namespaces/team-x/resourceclaimtemplates", template
+        )
+        assert status == 201, answer
+        body = plane.client().sanitize_for_serialization(_pod("claimer"))
+        body["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+        status, answer = plane.request("POST", "/api/v1/namespaces/team-x/pods", body)
+        assert status == 201, answer
+        made = wait_for(
+            lambda: plane.request("GET", claims)[1]["items"], timeout=60, what="the pod's claim"
+        )
+        (claim,) = made
+        assert claim["metadata"]["name"].startswith("claimer-gpu-")
+        assert [o["name"] for o in claim["metadata"]["ownerReferences"]] == ["claimer"]
         manager.check_alive()
 
 
