@@ -55,6 +55,8 @@ setup(
         "test": [
             "pytest>=8.0",
             "pytest-timeout>=2.3",
+            # scripts/run-tests.sh runs the suite's files on two workers.
+            "pytest-xdist>=3.5",
             # The HTTP/2 client of the tests (tests/support/h2client.py, test_h2protocol).
             "h2>=4.1,<5",
             "hypothesis>=6.100",
