@@ -197,6 +197,11 @@ COMMANDS = {
         "gas.tools.checkconfig.command",
         "check a kube-scheduler configuration that uses gas",
     ),
+    "dra": (
+        "gas.dra.command",
+        "run the DRA driver: publish this node's cards in a ResourceSlice, shareable by "
+        "capacity, and prepare each claim's card for its containers (CDI)",
+    ),
     "inspect": (
         "gas.tools.inspector.command",
         "show GPU allocation per node and card, from pod annotations",

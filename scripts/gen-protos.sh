@@ -14,6 +14,9 @@ BIN="$(dirname "$PYTHON")"
 PROTOS=(
   gas/node/api/deviceplugin/v1beta1/api.proto
   gas/node/api/podresources/v1/api.proto
+  gas/dra/api/dra/v1/api.proto
+  gas/dra/api/pluginregistration/v1/api.proto
+  gas/dra/api/drahealth/v1/api.proto
 )
 mkdir -p "$OUT"
 for proto in "${PROTOS[@]}"; do

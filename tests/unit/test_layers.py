@@ -22,6 +22,8 @@ ALLOWED: dict[str, set[str]] = {
     "cluster": {"core", "kubeapi", "cluster"},
     "serving": {"core", "kubeapi", "httpserver", "cluster", "serving"},
     "node": {"core", "kubeapi", "httpserver", "node"},
+    # The DRA driver reuses the node agent's discovery and card model.
+    "dra": {"core", "kubeapi", "httpserver", "node", "dra"},
     "tools": {"core", "kubeapi", "httpserver", "cluster", "serving", "node", "tools"},
 }
 # Third-party packages each layer may use, where the layer is held to a list: the pure core

@@ -12,7 +12,7 @@ from typing import Any
 
 from tests.support.apiserver.errors import ApiError, JSONDict
 from tests.support.apiserver.faults import FaultInjector
-from tests.support.apiserver.kinds import LEASES, NODES, PODS, field_str
+from tests.support.apiserver.kinds import KINDS, LEASES, NODES, PODS, field_str
 from tests.support.apiserver.patches import merge_patch as apply_merge_patch
 from tests.support.apiserver.rbac import RbacGrant, RbacRequest, rbac_request
 from tests.support.apiserver.routes import Route
@@ -272,6 +272,35 @@ class ApiServerDouble:
     def compact(self) -> int:
         """Forget every retained event: watching from any older RV now yields 410."""
         return self.store.compact()
+
+    # -- any other kind (resource.k8s.io/v1 slices and claims) --------------------------
+
+    def add_object(self, resource: str, obj: Mapping[str, Any]) -> JSONDict:
+        """Create an object of `resource` (namespaced ones default to ``default``)."""
+        kind = KINDS[resource]
+        obj_dict = copy.deepcopy(dict(obj))
+        namespace = field_str(obj_dict, "metadata", "namespace") or "default"
+        with self.store.lock:
+            created = self.store.create_locked(
+                kind, namespace if kind.namespaced else "", obj_dict, from_http=False
+            )
+            return copy.deepcopy(created)
+
+    def get_object(self, resource: str, name: str, namespace: str = "") -> JSONDict | None:
+        kind = KINDS[resource]
+        with self.store.lock:
+            found = self.store.objects[resource].get((namespace if kind.namespaced else "", name))
+            return copy.deepcopy(found) if found is not None else None
+
+    def list_objects(self, resource: str) -> list[JSONDict]:
+        with self.store.lock:
+            return [copy.deepcopy(v) for _, v in sorted(self.store.objects[resource].items())]
+
+    def delete_object(self, resource: str, name: str, namespace: str = "") -> JSONDict:
+        kind = KINDS[resource]
+        with self.store.lock:
+            deleted = self.store.delete_locked(kind, namespace, name, None)
+            return copy.deepcopy(deleted)
 
     # -- the HTTP face's hooks ---------------------------------------------------------
 

@@ -102,4 +102,32 @@ LEASES: Final = Kind(
     },
     "coordination.k8s.io/v1",
 )
-KINDS: Final[Mapping[str, Kind]] = {k.resource: k for k in (PODS, NODES, EVENTS, LEASES)}
+# DRA (resource.k8s.io/v1): the node's slices, written by gas dra, and the claims it reads.
+RESOURCESLICES: Final = Kind(
+    "resourceslices",
+    "ResourceSlice",
+    "ResourceSliceList",
+    False,
+    "/registry/resourceslices",
+    {
+        "metadata.name": _field_getter("metadata", "name"),
+        "spec.driver": _field_getter("spec", "driver"),
+        "spec.nodeName": _field_getter("spec", "nodeName"),
+    },
+    "resource.k8s.io/v1",
+)
+RESOURCECLAIMS: Final = Kind(
+    "resourceclaims",
+    "ResourceClaim",
+    "ResourceClaimList",
+    True,
+    "/registry/resourceclaims",
+    {
+        "metadata.name": _field_getter("metadata", "name"),
+        "metadata.namespace": _field_getter("metadata", "namespace"),
+    },
+    "resource.k8s.io/v1",
+)
+KINDS: Final[Mapping[str, Kind]] = {
+    k.resource: k for k in (PODS, NODES, EVENTS, LEASES, RESOURCESLICES, RESOURCECLAIMS)
+}

@@ -107,6 +107,41 @@ _ROUTES: Final[tuple[tuple[re.Pattern[str], str, str | None, frozenset[str], str
         frozenset({"GET", "PUT", "DELETE"}),
         "coordination.k8s.io/v1",
     ),
+    (
+        re.compile(r"^/apis/resource\.k8s\.io/v1/resourceslices$"),
+        "collection",
+        "resourceslices",
+        frozenset({"GET", "POST"}),
+        "resource.k8s.io/v1",
+    ),
+    (
+        re.compile(rf"^/apis/resource\.k8s\.io/v1/resourceslices/{_SEG}$"),
+        "item",
+        "resourceslices",
+        frozenset({"GET", "PUT", "PATCH", "DELETE"}),
+        "resource.k8s.io/v1",
+    ),
+    (
+        re.compile(rf"^/apis/resource\.k8s\.io/v1/namespaces/{_SEG}/resourceclaims$"),
+        "collection",
+        "resourceclaims",
+        frozenset({"GET", "POST"}),
+        "resource.k8s.io/v1",
+    ),
+    (
+        re.compile(rf"^/apis/resource\.k8s\.io/v1/namespaces/{_SEG}/resourceclaims/{_SEG}$"),
+        "item",
+        "resourceclaims",
+        frozenset({"GET", "PUT", "PATCH", "DELETE"}),
+        "resource.k8s.io/v1",
+    ),
+    (
+        re.compile(rf"^/apis/resource\.k8s\.io/v1/namespaces/{_SEG}/resourceclaims/{_SEG}/status$"),
+        "status",
+        "resourceclaims",
+        frozenset({"GET", "PUT", "PATCH"}),
+        "resource.k8s.io/v1",
+    ),
     (re.compile(r"^/version/?$"), "version", None, frozenset({"GET"}), "v1"),
     (re.compile(r"^/(healthz|readyz|livez)$"), "health", None, frozenset({"GET"}), "v1"),
 )
@@ -121,7 +156,11 @@ def match_route(path: str) -> Route | None:
         kind = KINDS[resource] if resource else None
         namespace: str | None = None
         name: str | None = None
-        if kind is not None and path.startswith(("/api/v1/namespaces/", "/apis/")):
+        if (
+            kind is not None
+            and kind.namespaced
+            and path.startswith(("/api/v1/namespaces/", "/apis/"))
+        ):
             namespace = groups[0]
             name = groups[1] if len(groups) > 1 else None
         elif kind is not None and groups:

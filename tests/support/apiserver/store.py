@@ -572,7 +572,12 @@ class Store:
             meta["continue"] = page.continue_token
             if page.remaining is not None:
                 meta["remainingItemCount"] = page.remaining
-        return {"kind": kind.list_kind, "apiVersion": "v1", "metadata": meta, "items": page.items}
+        return {
+            "kind": kind.list_kind,
+            "apiVersion": kind.api_version,
+            "metadata": meta,
+            "items": page.items,
+        }
 
     def _listing_locked(
         self, kind: Kind, request: PageRequest

@@ -1,0 +1,180 @@
+"""The kubelet's side of `gas dra`: the DRAPlugin service on the DRA socket and the
+registration service on the socket the kubelet's plugin watcher finds.
+
+The DRA socket serves first, then the registration socket appears: the kubelet dials the
+endpoint GetInfo names as soon as it has registered the plugin. A stale socket file (left
+by a process that died) is replaced. The health service is not served: the kubelet takes
+its Unimplemented answer as "no health reports".
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from gas.dra.api.dra.v1 import api_pb2 as dra
+from gas.dra.api.dra.v1 import api_pb2_grpc as dra_grpc
+from gas.dra.api.pluginregistration.v1 import api_pb2 as reg
+from gas.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from gas.dra.claims import ClaimError
+from gas.dra.driver import DRIVER, PLUGIN_TYPE, SUPPORTED_VERSIONS
+from gas.dra.metrics import DraMetrics
+from gas.dra.preparer import Preparer
+from gas.dra.state import PreparedClaim
+
+log = logging.getLogger(__name__)
+
+
+def _fill(entry: dra.NodePrepareResourceResponse, prepared: PreparedClaim) -> None:
+    for device in prepared.devices:
+        answer = entry.devices.add(
+            request_names=[device.request],
+            pool_name=device.pool,
+            device_name=device.device,
+            cdi_device_ids=[device.cdi_id],
+        )
+        if device.share_id is not None:
+            answer.share_id = device.share_id
+
+
+class DraService(dra_grpc.DRAPluginServicer):
+    """Every claim asked about is answered; one that fails carries its error, and the
+    others of the call stand."""
+
+    def __init__(self, preparer: Preparer, metrics: DraMetrics) -> None:
+        self.preparer = preparer
+        self.metrics = metrics
+
+    def NodePrepareResources(
+        self, request: dra.NodePrepareResourcesRequest, context: grpc.ServicerContext
+    ) -> dra.NodePrepareResourcesResponse:
+        response = dra.NodePrepareResourcesResponse()
+        for claim in request.claims:
+            started = time.monotonic()
+            entry = response.claims[claim.uid]
+            where = f"claim {claim.namespace}/{claim.name} ({claim.uid})"
+            try:
+                prepared = self.preparer.prepare(claim.namespace, claim.name, claim.uid)
+            except ClaimError as exc:
+                log.error("prepare %s failed: %s", where, exc)
+                entry.error = str(exc)
+                self.metrics.calls.labels("prepare", "error").inc()
+                continue
+            except Exception as exc:  # one claim's fault must not fail the others
+                log.exception("prepare %s failed", where)
+                entry.error = f"internal error: {exc}"
+                self.metrics.calls.labels("prepare", "error").inc()
+                continue
+            _fill(entry, prepared)
+            self.metrics.calls.labels("prepare", "ok").inc()
+            self.metrics.latency.labels("prepare").observe(time.monotonic() - started)
+            cards = ", ".join(f"{d.device} {d.cdi_id}" for d in prepared.devices) or "no device"
+            log.info("prepared %s: %s", where, cards)
+        return response
+
+    def NodeUnprepareResources(
+        self, request: dra.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
+    ) -> dra.NodeUnprepareResourcesResponse:
+        response = dra.NodeUnprepareResourcesResponse()
+        for claim in request.claims:
+            entry = response.claims[claim.uid]
+            where = f"claim {claim.namespace}/{claim.name} ({claim.uid})"
+            try:
+                self.preparer.unprepare(claim.namespace, claim.name, claim.uid)
+            except ClaimError as exc:
+                log.error("unprepare %s failed: %s", where, exc)
+                entry.error = str(exc)
+                self.metrics.calls.labels("unprepare", "error").inc()
+                continue
+            self.metrics.calls.labels("unprepare", "ok").inc()
+            log.info("unprepared %s", where)
+        return response
+
+
+class RegistrationService(reg_grpc.RegistrationServicer):
+    def __init__(self, endpoint: str, on_registered: Callable[[], None]) -> None:
+        self.endpoint = endpoint
+        self.on_registered = on_registered
+
+    def GetInfo(self, request: reg.InfoRequest, context: grpc.ServicerContext) -> reg.PluginInfo:
+        return reg.PluginInfo(
+            type=PLUGIN_TYPE,
+            name=DRIVER,
+            endpoint=self.endpoint,
+            supported_versions=list(SUPPORTED_VERSIONS),
+        )
+
+    def NotifyRegistrationStatus(
+        self, request: reg.RegistrationStatus, context: grpc.ServicerContext
+    ) -> reg.RegistrationStatusResponse:
+        if request.plugin_registered:
+            log.info("registered with the kubelet as %s", DRIVER)
+            # A kubelet that (re)starts deletes the node's slices: write them again.
+            self.on_registered()
+        else:
+            log.error("the kubelet refused the registration: %s", request.error)
+        return reg.RegistrationStatusResponse()
+
+
+def _serve(path: str, add: Callable[[grpc.Server], None], workers: int) -> grpc.Server:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    if os.path.lexists(path):
+        os.unlink(path)  # left by a process that died: nobody answers on it
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
+    add(server)
+    server.add_insecure_port(f"unix://{path}")
+    server.start()
+    return server
+
+
+class KubeletPlugin:
+    """Both servers, started in order and stopped together."""
+
+    def __init__(
+        self,
+        dra_socket: str,
+        registration_socket: str,
+        service: DraService,
+        on_registered: Callable[[], None],
+    ) -> None:
+        self.dra_socket = dra_socket
+        self.registration_socket = registration_socket
+        self.service = service
+        self.on_registered = on_registered
+        self._servers: list[tuple[grpc.Server, str]] = []
+
+    def start(self) -> None:
+        dra_server = _serve(
+            self.dra_socket,
+            lambda s: dra_grpc.add_DRAPluginServicer_to_server(self.service, s),
+            workers=8,
+        )
+        self._servers.append((dra_server, self.dra_socket))
+        registration = RegistrationService(self.dra_socket, self.on_registered)
+        reg_server = _serve(
+            self.registration_socket,
+            lambda s: reg_grpc.add_RegistrationServicer_to_server(registration, s),
+            workers=2,
+        )
+        self._servers.append((reg_server, self.registration_socket))
+        log.info(
+            "serving %s on %s, registration on %s",
+            DRIVER,
+            self.dra_socket,
+            self.registration_socket,
+        )
+
+    def stop(self, grace: float = 2.0) -> None:
+        # The registration socket goes first: the kubelet then drops the plugin rather
+        # than calling a service that is closing.
+        for server, path in reversed(self._servers):
+            server.stop(grace).wait(grace + 1)
+            if os.path.lexists(path):
+                os.unlink(path)
+        self._servers.clear()

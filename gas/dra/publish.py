@@ -1,0 +1,105 @@
+"""The node's ResourceSlice on the API server: written on every start (the kubelet deletes
+a node's slices when it starts, and a driver's when it stays away), and again whenever the
+cards change.
+
+The pool's generation moves only when the devices do: a start that finds the slice as it
+should be leaves it alone, so consumers never see the pool incomplete for nothing. Slices
+of this driver and node under another name (left by an older version, or a rename) are
+deleted first, then the one slice is replaced with one generation more than the highest
+seen, or created.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gas.dra.driver import DRIVER
+from gas.dra.slices import PciFacts, devices_differ, resource_slice, slice_name
+from gas.kubeapi.core import RawCoreV1Api
+from gas.kubeapi.dra import RawResourceV1Api
+from gas.node.cards import Card
+from gas.node.kubeapi import API_TIMEOUT, read_node
+
+log = logging.getLogger(__name__)
+
+
+def _read(response: Any) -> dict[str, Any]:
+    obj = json.loads(response.data)
+    if not isinstance(obj, dict):
+        raise ValueError("the API server sent no object")
+    return obj
+
+
+def _generation(obj: Mapping[str, Any]) -> int:
+    pool = (obj.get("spec") or {}).get("pool") or {}
+    value = pool.get("generation")
+    return value if isinstance(value, int) else 0
+
+
+class SlicePublisher:
+    def __init__(self, core: RawCoreV1Api, resources: RawResourceV1Api, node: str) -> None:
+        self.core = core
+        self.resources = resources
+        self.node = node
+        self.generation = 0
+        """The generation last published."""
+
+    def _mine(self) -> list[dict[str, Any]]:
+        selector = f"spec.driver={DRIVER},spec.nodeName={self.node}"
+        listing = _read(
+            self.resources.list_resource_slice(
+                field_selector=selector, _request_timeout=API_TIMEOUT
+            )
+        )
+        return [item for item in listing.get("items") or [] if isinstance(item, dict)]
+
+    def publish(self, cards: Sequence[Card], facts: Mapping[str, PciFacts]) -> bool:
+        """Bring the node's slice to `cards`; True when it is. API errors propagate (the
+        card watcher retries with backoff)."""
+        node = read_node(self.core, self.node)
+        uid = str((node.get("metadata") or {}).get("uid") or "")
+        existing = self._mine()
+        highest = max((_generation(s) for s in existing), default=0)
+        name = slice_name(self.node)
+        for obsolete in existing:
+            other = obsolete["metadata"]["name"]
+            if other != name:
+                log.info("deleting the obsolete ResourceSlice %s", other)
+                self._drain(self.resources.delete_resource_slice(other))
+        current = next((s for s in existing if s["metadata"]["name"] == name), None)
+        desired = resource_slice(self.node, uid, cards, facts, highest)
+        if (
+            current is not None
+            and _generation(current) == highest
+            and not devices_differ(current.get("spec") or {}, desired["spec"])
+        ):
+            self.generation = highest
+            log.debug("ResourceSlice %s is up to date (generation %d)", name, highest)
+            return True
+        desired = resource_slice(self.node, uid, cards, facts, highest + 1)
+        if current is None:
+            self._drain(self.resources.create_resource_slice(desired, _request_timeout=API_TIMEOUT))
+            verb = "created"
+        else:
+            desired["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            self._drain(
+                self.resources.replace_resource_slice(name, desired, _request_timeout=API_TIMEOUT)
+            )
+            verb = "updated"
+        self.generation = highest + 1
+        log.info(
+            "ResourceSlice %s %s: generation %d, %d device(s)",
+            name,
+            verb,
+            self.generation,
+            len(desired["spec"]["devices"]),
+        )
+        return True
+
+    @staticmethod
+    def _drain(response: Any) -> None:
+        response.drain_conn()
+        response.release_conn()

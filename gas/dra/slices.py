@@ -1,0 +1,202 @@
+"""This node's ResourceSlice, computed from its cards: no I/O.
+
+One pool per node, named after the node, in one slice; one device per card, named after
+the card (`card0`), shareable (`allowMultipleAllocations`) with three consumable
+capacities. kube-scheduler keeps the books of each card from these numbers; the request
+policies decide what a claim consumes when it names no amount, and round what it names so
+that what is left of a card stays usable (docs/dra.md, "Request policies").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gas.core.quantity import QuantityError, format_quantity, parse_quantity
+from gas.dra.driver import DRIVER, MEMORY, MILLICORES, STANDARD, TILES
+from gas.node.cards import Card
+
+MIB = 1024**2
+MEMORY_STEP = 256 * MIB
+"""Memory is consumed in whole 256 MiB steps: a request is rounded up to the next one, so
+what is left of a card is always whole steps, and no claim leaves a sliver too small for
+the next. Rounding costs a claim at most 255 MiB."""
+MILLICORES_PER_CARD = 1000
+MILLICORES_STEP = 10
+SHARES_BY_DEFAULT = 10
+"""A claim that names no memory or millicores takes a tenth of the card: ten such claims
+fill it, as ten `gpu.intel.com/i915` shares of a card do under `gas node` by default."""
+
+KNOWN_MODELS: Mapping[str, str] = {
+    "0x56c0": "Data Center GPU Flex 170",
+    "0x56c1": "Data Center GPU Flex 140",
+    "0x0bd5": "Data Center GPU Max 1550",
+    "0x0bda": "Data Center GPU Max 1100",
+    "0x56a0": "Arc A770",
+    "0x56a1": "Arc A750",
+    "0xe20b": "Arc B580",
+    "0xe20c": "Arc B570",
+}
+
+
+@dataclass(frozen=True)
+class PciFacts:
+    """What the slice says of a card beyond what discovery reads: its PCI device id
+    (`0x56c0`) and its PCIe root complex (`pci0000:00`); "" when unknown."""
+
+    device_id: str = ""
+    pcie_root: str = ""
+
+
+def slice_name(node: str) -> str:
+    return f"{node}-{DRIVER}"
+
+
+def _string(value: str) -> dict[str, Any]:
+    return {"string": value}
+
+
+def _int(value: int) -> dict[str, Any]:
+    return {"int": value}
+
+
+def attributes(card: Card, facts: PciFacts) -> dict[str, dict[str, Any]]:
+    """The card's attributes: the standard ones other drivers' devices can be matched
+    against (`matchAttribute`), then gas's own, in the driver's domain (unqualified)."""
+    found: dict[str, dict[str, Any]] = {}
+    if card.pci_address:
+        found[f"{STANDARD}/pciBusID"] = _string(card.pci_address)
+    if facts.pcie_root:
+        found[f"{STANDARD}/pcieRoot"] = _string(facts.pcie_root)
+    if card.numa_node is not None:
+        found[f"{STANDARD}/numaNode"] = _int(card.numa_node)
+    found["cardIndex"] = _int(card.number)
+    if facts.device_id:
+        found["pciDeviceId"] = _string(facts.device_id)
+        model = KNOWN_MODELS.get(facts.device_id)
+        if model:
+            found["model"] = _string(model)
+    if card.driver:
+        found["driver"] = _string(card.driver)
+    found["tileCount"] = _int(card.tiles)
+    return found
+
+
+def _steps_below(amount: int, step: int) -> int:
+    return amount - amount % step
+
+
+def memory_capacity(memory: int) -> dict[str, Any]:
+    """The card's memory with its policy: min and step one MEMORY_STEP, default a tenth of
+    the card in whole steps (at least one). A card too small for two steps (the API
+    requires min + step <= value) is published without a policy: a claim then consumes
+    what it asks, or the whole card."""
+    value: dict[str, Any] = {"value": format_quantity(memory)}
+    if memory < 2 * MEMORY_STEP:
+        return value
+    default = max(MEMORY_STEP, _steps_below(memory // SHARES_BY_DEFAULT, MEMORY_STEP))
+    value["requestPolicy"] = {
+        "default": format_quantity(default),
+        "validRange": {
+            "min": format_quantity(MEMORY_STEP),
+            "step": format_quantity(MEMORY_STEP),
+        },
+    }
+    return value
+
+
+def millicores_capacity() -> dict[str, Any]:
+    return {
+        "value": str(MILLICORES_PER_CARD),
+        "requestPolicy": {
+            "default": str(MILLICORES_PER_CARD // SHARES_BY_DEFAULT),
+            "validRange": {"min": str(MILLICORES_STEP), "step": str(MILLICORES_STEP)},
+        },
+    }
+
+
+def tiles_capacity(tiles: int) -> dict[str, Any]:
+    """Tiles default to none: a claim that names no tiles shares the whole card and gets
+    no tile mask; one that names n gets n tiles no other tile-asking claim holds."""
+    return {
+        "value": str(tiles),
+        "requestPolicy": {"default": "0", "validRange": {"min": "0", "step": "1"}},
+    }
+
+
+def device(card: Card, facts: PciFacts) -> dict[str, Any]:
+    return {
+        "name": card.name,
+        "attributes": attributes(card, facts),
+        "capacity": {
+            MEMORY: memory_capacity(card.memory),
+            MILLICORES: millicores_capacity(),
+            TILES: tiles_capacity(card.tiles),
+        },
+        "allowMultipleAllocations": True,
+    }
+
+
+def slice_spec(
+    node: str, cards: Sequence[Card], facts: Mapping[str, PciFacts], generation: int
+) -> dict[str, Any]:
+    """The spec of the node's one slice; a node without cards keeps an empty slice, so
+    consumers see the pool as present and empty rather than the driver as absent."""
+    ordered = sorted(cards, key=lambda card: card.number)
+    return {
+        "driver": DRIVER,
+        "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+        "nodeName": node,
+        "devices": [device(card, facts.get(card.name, PciFacts())) for card in ordered],
+    }
+
+
+def resource_slice(
+    node: str,
+    node_uid: str,
+    cards: Sequence[Card],
+    facts: Mapping[str, PciFacts],
+    generation: int,
+) -> dict[str, Any]:
+    """The whole object; owned by the Node, so it goes with the node."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {
+            "name": slice_name(node),
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "name": node,
+                    "uid": node_uid,
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": slice_spec(node, cards, facts, generation),
+    }
+
+
+def _canonical(value: Any, key: str = "") -> Any:
+    """Quantities as numbers: the API server may store `17179869184` as `16Gi`."""
+    if isinstance(value, Mapping):
+        return {k: _canonical(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    if isinstance(value, str) and key in ("value", "default", "min", "max", "step"):
+        try:
+            return parse_quantity(value)
+        except QuantityError:
+            return value
+    return value
+
+
+def devices_differ(published: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    """Whether a stored spec says something else of the devices than `desired` (the pool's
+    generation aside)."""
+    if (published.get("pool") or {}).get("name") != (desired.get("pool") or {}).get("name"):
+        return True
+    keys = ("driver", "nodeName", "devices")
+    return any(_canonical(published.get(k)) != _canonical(desired.get(k)) for k in keys)

@@ -1,0 +1,56 @@
+"""The resource.k8s.io/v1 calls of `gas dra`: `RawResourceV1Api`, each method named and
+called as its namesake in the generated client's `ResourceV1Api`, made as
+`gas.kubeapi.core` makes the core/v1 ones (the response returned unread, a status outside
+2xx raised as `ApiException`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from urllib3 import BaseHTTPResponse
+
+from gas.kubeapi.core import JSON, Timeout, _Calls
+
+GROUP = "/apis/resource.k8s.io/v1"
+SLICES_PATH = GROUP + "/resourceslices"
+SLICE_PATH = SLICES_PATH + "/{name}"
+CLAIM_PATH = GROUP + "/namespaces/{namespace}/resourceclaims/{name}"
+
+
+class RawResourceV1Api(_Calls):
+    def read_namespaced_resource_claim(
+        self, name: str, namespace: str, *, _request_timeout: Timeout = None
+    ) -> BaseHTTPResponse:
+        where = {"name": name, "namespace": namespace}
+        return self._call("GET", CLAIM_PATH, where, timeout=_request_timeout)
+
+    def list_resource_slice(
+        self, *, field_selector: str | None = None, _request_timeout: Timeout = None
+    ) -> BaseHTTPResponse:
+        query = {"fieldSelector": field_selector}
+        return self._call("GET", SLICES_PATH, {}, query=query, timeout=_request_timeout)
+
+    def create_resource_slice(
+        self, body: Mapping[str, Any], *, _request_timeout: Timeout = None
+    ) -> BaseHTTPResponse:
+        return self._call(
+            "POST", SLICES_PATH, {}, body=body, content_type=JSON, timeout=_request_timeout
+        )
+
+    def replace_resource_slice(
+        self, name: str, body: Mapping[str, Any], *, _request_timeout: Timeout = None
+    ) -> BaseHTTPResponse:
+        return self._call(
+            "PUT",
+            SLICE_PATH,
+            {"name": name},
+            body=body,
+            content_type=JSON,
+            timeout=_request_timeout,
+        )
+
+    def delete_resource_slice(
+        self, name: str, *, _request_timeout: Timeout = None
+    ) -> BaseHTTPResponse:
+        return self._call("DELETE", SLICE_PATH, {"name": name}, timeout=_request_timeout)
