@@ -163,7 +163,7 @@ class DraRig:
         return [
             s
             for s in self.api.list_objects("resourceslices")
-            if s["spec"].get("nodeName") == self.node
+            if s["spec"].get("nodeName") == self.node and s["spec"].get("driver") == DRIVER
         ]
 
     def close(self) -> None:
