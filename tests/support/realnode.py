@@ -320,6 +320,11 @@ class RealNode:
     def pod_logs(self) -> Path:
         return self.workdir / "pod-logs"
 
+    @property
+    def cdi_dir(self) -> Path:
+        """The one folder containerd reads CDI specs from (a DRA driver writes them)."""
+        return self.workdir / "cdi"
+
     # ----------------------------------------------------------------- lifecycle
 
     def __enter__(self) -> RealNode:
@@ -476,7 +481,7 @@ imports = []
 [plugins."io.containerd.cri.v1.runtime"]
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
-  cdi_spec_dirs = ["{self.workdir / "cdi"}"]
+  cdi_spec_dirs = ["{self.cdi_dir}"]
   [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
@@ -498,6 +503,8 @@ imports = []
     def _start_containerd(self) -> None:
         config = self.workdir / "containerd.toml"
         config.write_text(self._containerd_config())
+        # Made before containerd starts: its CDI cache watches only folders that exist.
+        self.cdi_dir.mkdir(exist_ok=True)
         binary = realk8s.binary("containerd", VERSION)
         shim = realk8s.binary("containerd-shim-runc-v2", VERSION)
         # containerd finds its runc shim on PATH.
