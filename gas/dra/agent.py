@@ -26,7 +26,7 @@ from gas.dra.driver import dra_socket, registration_socket
 from gas.dra.files import StateStore
 from gas.dra.metrics import DraMetrics
 from gas.dra.pcifacts import facts_of
-from gas.dra.plugin import DraService, KubeletPlugin
+from gas.dra.plugin import DraService, KubeletPlugin, SocketTaken
 from gas.dra.preparer import Preparer
 from gas.dra.publish import SlicePublisher
 from gas.dra.state import StateError
@@ -158,7 +158,12 @@ def run(args: argparse.Namespace) -> int:
         DraService(preparer, metrics),
         registered.set,
     )
-    plugin.start()
+    try:
+        plugin.start()
+    except SocketTaken as exc:
+        log.error("not starting: %s", exc)
+        plugin.stop()
+        return 1
     watcher_thread = threading.Thread(
         target=watcher.run, args=(stop.is_set,), name="card-watcher", daemon=True
     )

@@ -3,8 +3,9 @@ registration service on the socket the kubelet's plugin watcher finds.
 
 The DRA socket serves first, then the registration socket appears: the kubelet dials the
 endpoint GetInfo names as soon as it has registered the plugin. A stale socket file (left
-by a process that died) is replaced. The health service is not served: the kubelet takes
-its Unimplemented answer as "no health reports".
+by a process that died) is replaced; one another process answers on stops the start. The
+health service is not served: the kubelet takes its Unimplemented answer as "no health
+reports".
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from gas.dra.driver import DRIVER, PLUGIN_TYPE, SUPPORTED_VERSIONS
 from gas.dra.metrics import DraMetrics
 from gas.dra.preparer import Preparer
 from gas.dra.state import PreparedClaim
+from gas.node.sockets import describe, listener
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +124,18 @@ class RegistrationService(reg_grpc.RegistrationServicer):
         return reg.RegistrationStatusResponse()
 
 
+class SocketTaken(Exception):
+    """Another process serves a socket of this driver."""
+
+
 def _serve(path: str, add: Callable[[grpc.Server], None], workers: int) -> grpc.Server:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
+    answered, pid = listener(path)
+    if answered and pid != os.getpid():
+        # Two drivers on one node would each answer for the same cards, from two states.
+        raise SocketTaken(
+            f"another process ({describe(pid)}) serves {path}: stop it before starting this gas dra"
+        )
     if os.path.lexists(path):
         os.unlink(path)  # left by a process that died: nobody answers on it
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gas.dra.driver import DRIVER
-from gas.dra.slices import PciFacts, devices_differ, resource_slice, slice_name
+from gas.dra.slices import PciFacts, devices_differ, dropped_fields, resource_slice, slice_name
 from gas.kubeapi.core import RawCoreV1Api
 from gas.kubeapi.dra import RawResourceV1Api
 from gas.node.cards import Card
@@ -81,14 +81,25 @@ class SlicePublisher:
             return True
         desired = resource_slice(self.node, uid, cards, facts, highest + 1)
         if current is None:
-            self._drain(self.resources.create_resource_slice(desired, _request_timeout=API_TIMEOUT))
+            stored = _read(
+                self.resources.create_resource_slice(desired, _request_timeout=API_TIMEOUT)
+            )
             verb = "created"
         else:
             desired["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-            self._drain(
+            stored = _read(
                 self.resources.replace_resource_slice(name, desired, _request_timeout=API_TIMEOUT)
             )
             verb = "updated"
+        dropped = dropped_fields(desired["spec"], stored.get("spec") or {})
+        if dropped:
+            log.error(
+                "the API server dropped fields of ResourceSlice %s (%s): its feature gate "
+                "DRAConsumableCapacity is probably off, and every card is exclusive until "
+                "it is on (kube-apiserver, kube-scheduler and kubelet)",
+                name,
+                "; ".join(dropped),
+            )
         self.generation = highest + 1
         log.info(
             "ResourceSlice %s %s: generation %d, %d device(s)",

@@ -200,3 +200,20 @@ def devices_differ(published: Mapping[str, Any], desired: Mapping[str, Any]) -> 
         return True
     keys = ("driver", "nodeName", "devices")
     return any(_canonical(published.get(k)) != _canonical(desired.get(k)) for k in keys)
+
+
+def dropped_fields(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> list[str]:
+    """What the API server left out of the devices it stored: an API server with
+    consumable capacity off (the default before 1.36) drops `allowMultipleAllocations` and
+    the request policies without a word, and every card becomes exclusive."""
+    stored_devices = {d.get("name"): d for d in stored.get("devices") or []}
+    dropped = []
+    for device in sent.get("devices") or []:
+        kept = stored_devices.get(device["name"]) or {}
+        if device.get("allowMultipleAllocations") and not kept.get("allowMultipleAllocations"):
+            dropped.append(f"{device['name']}: allowMultipleAllocations")
+        for name, capacity in device.get("capacity", {}).items():
+            kept_capacity = (kept.get("capacity") or {}).get(name) or {}
+            if "requestPolicy" in capacity and "requestPolicy" not in kept_capacity:
+                dropped.append(f"{device['name']}: {name} requestPolicy")
+    return dropped

@@ -263,3 +263,23 @@ def test_a_state_dir_that_cannot_be_written_fails_the_claim_cleanly(rig: DraRig)
     assert rig.kubelet.prepare([claim]).claims[claim.uid].error == ""
     assert rig.kubelet.unprepare([before]).claims[before.uid].error == ""
     assert [p.name for p in rig.spec_files()] == [f"{DRIVER}-{claim.uid}.json"]
+
+
+def test_a_second_driver_on_the_node_is_refused(
+    rig: DraRig, apiserver: ApiServerDouble, kubeconfig: str, tmp_path: Path
+) -> None:
+    rig.start_registered()
+    assert rig.process is not None
+    first = rig.process.pid
+    second = DraRig(apiserver, kubeconfig, "n1", rig.cards, tmp_path / "second")
+    second.command = rig.command  # type: ignore[method-assign]
+    second.log_path = tmp_path / "second.log"
+    try:
+        assert second.start().wait_exit() == 1
+        said = second.log()
+        assert f"another process (pid {first}: " in said and "not starting" in said
+    finally:
+        second.close()
+    # The first still serves.
+    claim = rig.add_claim("after", [share("gpu", "card0")])
+    assert rig.kubelet.prepare([claim]).claims[claim.uid].error == ""

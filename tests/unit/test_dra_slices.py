@@ -4,6 +4,7 @@ resource.k8s.io/v1 accepts, and the comparison that keeps the pool's generation 
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from gas.dra.slices import (
     MEMORY_STEP,
     PciFacts,
     devices_differ,
+    dropped_fields,
     memory_capacity,
     resource_slice,
     slice_spec,
@@ -223,3 +225,19 @@ def test_pcie_root_is_the_host_bridge_above_the_device() -> None:
     path = Path("/sys/devices/pci0000:3a/0000:3a:01.0/0000:3b:00.0")
     assert pcie_root(path) == "pci0000:3a"
     assert pcie_root(Path("/sys/devices/platform/foo")) == ""
+
+
+def test_fields_the_api_server_dropped_are_named() -> None:
+    sent = slice_spec("n", [card(0), card(1)], {}, 1)
+    assert dropped_fields(sent, sent) == []
+    stripped = copy.deepcopy(sent)
+    for device in stripped["devices"][1:]:
+        del device["allowMultipleAllocations"]
+        for capacity in device["capacity"].values():
+            capacity.pop("requestPolicy", None)
+    assert dropped_fields(sent, stripped) == [
+        "card1: allowMultipleAllocations",
+        "card1: memory requestPolicy",
+        "card1: millicores requestPolicy",
+        "card1: tiles requestPolicy",
+    ]
