@@ -118,10 +118,14 @@ def test_a_card_that_goes_is_taken_out_with_a_new_generation(make_rig: Any) -> N
     rig = make_rig(cards).start_registered()
     assert generation(the_slice(rig)) == 1
     remove_card(rig.sysfs, cards[1])
+    # A rescan in the middle of the unplug may publish a half-gone card1 first: each change
+    # of the devices is a new generation.
     changed = wait_for(
-        lambda: [s for s in rig.slices() if generation(s) == 2], timeout=20, what="generation 2"
+        lambda: [s for s in rig.slices() if [d["name"] for d in s["spec"]["devices"]] == ["card0"]],
+        timeout=20,
+        what="card1 gone from the slice",
     )
-    assert [d["name"] for d in changed[0]["spec"]["devices"]] == ["card0"]
+    assert generation(changed[0]) >= 2
     claim = rig.add_claim("late", [share("gpu", "card1")])
     error = rig.kubelet.prepare([claim]).claims[claim.uid].error
     assert "which node n1 does not have (its cards: card0)" in error
