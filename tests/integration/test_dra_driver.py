@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -283,3 +284,19 @@ def test_a_second_driver_on_the_node_is_refused(
     # The first still serves.
     claim = rig.add_claim("after", [share("gpu", "card0")])
     assert rig.kubelet.prepare([claim]).claims[claim.uid].error == ""
+
+
+def test_no_node_name_is_a_usage_error(rig: DraRig) -> None:
+    rig.command = lambda: [  # type: ignore[method-assign]
+        sys.executable,
+        "-m",
+        "gas.cli",
+        "dra",
+        "--kubeconfig",
+        rig.kubeconfig,
+        "--sysfs-root",
+        str(rig.sysfs),
+    ]
+    assert rig.start().wait_exit() == 2
+    assert "no node name: give --node-name or set NODE_NAME" in rig.log()
+    assert rig.kubelet.registration_sockets() == []
