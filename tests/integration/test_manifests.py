@@ -96,6 +96,9 @@ CLUSTER_SCOPED_KINDS = {
     "CustomResourceDefinition",
     "ValidatingWebhookConfiguration",
     "MutatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "DeviceClass",
 }
 WORKLOAD_KINDS = {"Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job"}
 # In deploy/ but applied on its own (`kubectl apply -f`), not by the kustomization: the
@@ -109,9 +112,14 @@ WEBHOOK_CONFIGURATION = "webhook-configuration.yaml"
 KUBEADM = DEPLOY
 ANY_CLUSTER = DEPLOY / "any-cluster"
 BASE = DEPLOY / "base"
+# The Namespace, shared by base/ and the DRA way.
+NAMESPACE_DIR = DEPLOY / "namespace"
 # Optional, with the kubeadm way: the validation-only webhook.
 KUBEADM_WEBHOOK = DEPLOY / "kubeadm-webhook"
-KUSTOMIZATIONS = (KUBEADM, BASE, ANY_CLUSTER, KUBEADM_WEBHOOK)
+# The DRA way: gas dra on the nodes labelled for it, beside either way or alone.
+DRA = DEPLOY / "dra"
+DRA_LABEL = "gpu.gas.intel.com/dra"
+KUSTOMIZATIONS = (KUBEADM, BASE, NAMESPACE_DIR, ANY_CLUSTER, KUBEADM_WEBHOOK, DRA)
 # Namespaced objects outside gas-system: kube-scheduler's authentication delegation reads a
 # ConfigMap of kube-system, and the Role that allows it lives there.
 KUBE_SYSTEM_OBJECTS = {("RoleBinding", "gas-scheduler-authentication-reader")}
@@ -337,7 +345,7 @@ def installation(directory: Path) -> list[tuple[str, dict[str, Any]]]:
     return [(_label(p), doc) for p in paths for doc in load_all(p)]
 
 
-@pytest.mark.parametrize("directory", [KUBEADM, ANY_CLUSTER], ids=_label)
+@pytest.mark.parametrize("directory", [KUBEADM, ANY_CLUSTER, DRA], ids=_label)
 def test_no_two_documents_name_the_same_object(directory: Path) -> None:
     """Within a way of installing, whatever its parts: an object of one part applied over
     another's would change it silently. (The two ways share base/ and the webhook's
@@ -350,7 +358,7 @@ def test_no_two_documents_name_the_same_object(directory: Path) -> None:
 
 
 def test_every_manifest_belongs_to_a_way_of_installing() -> None:
-    files = {f for d in (KUBEADM, ANY_CLUSTER) for f, _ in installation(d)}
+    files = {f for d in (KUBEADM, ANY_CLUSTER, DRA) for f, _ in installation(d)}
     assert {_label(p) for p in manifest_files()} == files
     # The two ways share only base/, and the name of the Service the webhook
     # configurations call.
@@ -379,7 +387,7 @@ def test_kustomization_lists_every_manifest(directory: Path) -> None:
 
 
 def test_each_way_installs_what_it_needs() -> None:
-    shared = {"base/namespace.yaml", "base/gas-role.yaml", "base/node-daemonset.yaml"}
+    shared = {"namespace/namespace.yaml", "base/gas-role.yaml", "base/node-daemonset.yaml"}
     kubeadm = {_label(p) for p in way_files(KUBEADM)}
     assert kubeadm == shared | {"rbac.yaml", "deployment.yaml", "service.yaml", "pdb.yaml"}
     any_cluster = {_label(p) for p in way_files(ANY_CLUSTER)}
@@ -1246,9 +1254,14 @@ def test_node_daemonset_runs_gas_node_with_what_it_needs() -> None:
 
 def _matches(term: dict[str, Any], labels: dict[str, str]) -> bool:
     for expression in term["matchExpressions"]:
-        assert expression["operator"] == "In", expression
-        if labels.get(expression["key"]) not in expression["values"]:
-            return False
+        value = labels.get(expression["key"])
+        if expression["operator"] == "In":
+            if value not in expression["values"]:
+                return False
+        else:
+            assert expression["operator"] == "NotIn", expression
+            if value in expression["values"]:
+                return False
     return True
 
 
@@ -1269,6 +1282,13 @@ def test_node_daemonset_lands_on_gpu_nodes_only() -> None:
     assert not schedulable(linux)
     assert not schedulable(linux | {"feature.node.kubernetes.io/pci-0300_10de.present": "true"})
     assert not schedulable({"intel.feature.node.kubernetes.io/gpu": "true"})
+    # A node labelled for the DRA way runs gas dra instead (never both on one node).
+    gpu = linux | {"intel.feature.node.kubernetes.io/gpu": "true"}
+    assert not schedulable(gpu | {DRA_LABEL: "true"})
+    assert schedulable(gpu | {DRA_LABEL: "false"})
+    dra = find("DaemonSet", "gas-dra")["spec"]["template"]["spec"]
+    assert _selects(dra["nodeSelector"], gpu | {DRA_LABEL: "true"})
+    assert not _selects(dra["nodeSelector"], gpu)
     # A tainted GPU node still gets its agent.
     assert {"operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
 
