@@ -23,12 +23,15 @@ DEPLOY = ROOT / "deploy"
 IMAGE_USER = 10001
 # Where each command listens by default (gas/cli.py, gas/node/command.py,
 # gas/serving/webhook.py), and the flags that move or add a listener.
-DEFAULT_PORTS = {"serve": 9001, "webhook": 9443, "node": 9102}
+DEFAULT_PORTS = {"serve": 9001, "webhook": 9443, "node": 9102, "dra": 9103}
 PORT_FLAGS = {
     "serve": ("--port", "--healthPort"),
     "webhook": ("--port",),
     "node": ("--metrics-port",),
+    "dra": ("--metrics-port",),
 }
+# The node side runs as root: the kubelet's folders are root's.
+ROOT_COMMANDS = {"node", "dra"}
 # Commands served by gunicorn, whose workers keep heartbeat files in /tmp.
 GUNICORN = {"serve", "webhook"}
 
@@ -129,7 +132,7 @@ def config(engine: Engine, image: str) -> dict[str, Any]:
 
 def test_deploy_runs_gas_in_several_containers() -> None:
     commands = {c.command for c in CONTAINERS}
-    assert {"serve", "node"} <= commands, [c.where for c in CONTAINERS]
+    assert {"serve", "node", "dra"} <= commands, [c.where for c in CONTAINERS]
 
 
 def test_the_image_runs_gas_as_its_own_user(config: dict[str, Any]) -> None:
@@ -145,12 +148,12 @@ def test_the_image_runs_gas_as_its_own_user(config: dict[str, Any]) -> None:
 def test_manifest_and_image_agree(gas: GasContainer, config: dict[str, Any]) -> None:
     # The image's entry point runs the container's args: no command of its own.
     assert gas.container.get("command") in (None, ["gas"]), gas.where
-    # Who: the node agent as root (the kubelet's folders are root's), the rest as the
+    # Who: the node side as root (the kubelet's folders are root's), the rest as the
     # image's user, which runAsNonRoot can check only because the image names it by number.
     uid = gas.security("runAsUser")
     if uid is None:
         uid = int(config["User"].split(":")[0])
-    assert uid == (0 if gas.command == "node" else IMAGE_USER), gas.where
+    assert uid == (0 if gas.command in ROOT_COMMANDS else IMAGE_USER), gas.where
     if gas.security("runAsNonRoot"):
         assert uid != 0
     # Locked down as tests/image/test_image.py runs it.
