@@ -267,3 +267,62 @@ def test_the_slices_are_stored_as_gas_dra_writes_them(plane: realk8s.ControlPlan
         for device in stored["spec"]["devices"]:
             assert device["allowMultipleAllocations"] is True
             assert "requestPolicy" in device["capacity"]["memory"]
+
+
+def _nic_slice(node: str, root: str) -> dict[str, Any]:
+    """Another driver's NIC on `node`, on PCIe root `root`."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-nic.example.com"},
+        "spec": {
+            "driver": "nic.example.com",
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": "nic0",
+                    "attributes": {"resource.kubernetes.io/pcieRoot": {"string": root}},
+                }
+            ],
+        },
+    }
+
+
+def test_a_card_beside_a_nic_of_another_driver_as_the_docs_write_it(
+    plane: realk8s.ControlPlane,
+) -> None:
+    """docs/dra.md's claim for a share on the PCIe root of a NIC: only max-node's NIC shares
+    a root with a card (flex-node's sits on another root)."""
+    for node, root in (("flex-node", "pci0000:40"), ("max-node", "pci0000:80")):
+        status, answer = plane.request("POST", f"{RESOURCE}/resourceslices", _nic_slice(node, root))
+        assert status in (201, 409), answer
+    nic_class = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "nic.example.com"},
+        "spec": {"selectors": [{"cel": {"expression": 'device.driver == "nic.example.com"'}}]},
+    }
+    plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(nic_class))
+    claim = _claim("x", {"memory": "8Gi"})
+    claim["spec"]["devices"]["requests"].append(
+        {"name": "nic", "exactly": {"deviceClassName": "nic.example.com"}}
+    )
+    claim["spec"]["devices"]["constraints"] = [
+        {"requests": ["gpu", "nic"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}
+    ]
+    (name,) = _submit(plane, "beside", 1, claim)
+    try:
+        bound, _ = _settle(plane, [name])
+        assert bound == [name]
+        path = f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaims/{name}"
+        results = plane.request("GET", path)[1]["status"]["allocation"]["devices"]["results"]
+        placed = {r["request"]: (r["driver"], r["pool"], r["device"]) for r in results}
+        assert placed == {
+            "gpu": (DRIVER, "max-node", "card0"),
+            "nic": ("nic.example.com", "max-node", "nic0"),
+        }
+    finally:
+        _clean(plane, [name])
+        for node in ("flex-node", "max-node"):
+            plane.request("DELETE", f"{RESOURCE}/resourceslices/{node}-nic.example.com")
