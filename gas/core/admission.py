@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gas.core.allocator import Policy, annotation_problem
+from gas.core.dra_claims import convert
 from gas.core.model import RESOURCE_PREFIX, SpecError, as_list, as_mapping, pod_request
 
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -32,22 +33,28 @@ class Settings:
     """`gas webhook`'s flags: the scheduler GPU pods are sent to, whether to send them
     there at all (`validate_only`: kubeadm installs, where gas sits inside the default
     scheduler), and the policy whose allow/deny switches decide which annotation problems
-    count, as they do for the filter."""
+    count, as they do for the filter. `dra_claims`: turn GPU pods into DRA claims of gas
+    dra's devices instead of sending them to a scheduler (clusters whose GPU nodes all
+    run `gas dra`)."""
 
     scheduler_name: str = GAS_SCHEDULER
     validate_only: bool = False
     policy: Policy = field(default_factory=Policy)
+    dra_claims: bool = False
 
 
 @dataclass(frozen=True)
 class Decision:
     """`outcome` (MUTATED, ALLOWED or REFUSED); the JSON Patch operations of a mutation;
-    the reason of a refusal (the filter's words); warnings for the user."""
+    the reason of a refusal (the filter's words); warnings for the user; the
+    ResourceClaimTemplate the patched pod names, which must exist in the pod's namespace
+    before the pod is admitted (with `dra_claims`)."""
 
     outcome: str
     patch: tuple[dict[str, Any], ...] = ()
     reason: str = ""
     warnings: tuple[str, ...] = ()
+    template: Mapping[str, Any] | None = None
 
 
 def is_gpu_pod(pod: Mapping[str, Any]) -> bool:
@@ -74,6 +81,21 @@ def refusal(pod: Mapping[str, Any], policy: Policy) -> str | None:
     return annotation_problem(request, policy)
 
 
+def to_claims(pod: Mapping[str, Any], policy: Policy) -> Decision:
+    """`pod`, already found placeable, as a pod of DRA claims (gas.core.dra_claims)."""
+    conversion = convert(pod, pod_request(pod), (policy.allowlist, policy.denylist))
+    if conversion.reason:
+        return Decision(REFUSED, reason=conversion.reason)
+    if conversion.template is None:
+        return Decision(ALLOWED)  # GPU resources of 0 only: nothing to claim
+    return Decision(
+        MUTATED,
+        patch=conversion.patch,
+        warnings=conversion.warnings,
+        template=conversion.template,
+    )
+
+
 def decide(pod: Mapping[str, Any], operation: str, settings: Settings) -> Decision:
     """The webhook's answer for `pod` on `operation` (CREATE, UPDATE, ...).
 
@@ -87,6 +109,8 @@ def decide(pod: Mapping[str, Any], operation: str, settings: Settings) -> Decisi
         return Decision(REFUSED, reason=reason)
     if settings.validate_only:
         return Decision(ALLOWED)
+    if settings.dra_claims:
+        return to_claims(pod, settings.policy)
     metadata = as_mapping(pod.get("metadata"))
     keep = as_mapping(metadata.get("annotations")).get(ANNOTATION_KEEP_SCHEDULER)
     warnings: tuple[str, ...] = ()

@@ -3,7 +3,9 @@ capacity keys it publishes and the files and sockets it keeps."""
 
 from __future__ import annotations
 
-DRIVER = "gpu.gas.intel.com"
+from gas.core import dra_claims
+
+DRIVER = dra_claims.DRIVER
 """gas's own DRA driver name: a DNS subdomain distinct from Intel's driver
 (`gpu.intel.com`), so a DeviceClass selecting one driver never matches the other's devices,
 under the intel.com domain of the `gpu.intel.com/*` resources gas already serves."""

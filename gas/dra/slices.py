@@ -13,17 +13,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+# The request policies, shared with the webhook that rounds pods' asks to them.
+from gas.core.dra_claims import MEMORY_STEP as MEMORY_STEP  # also read from here
+from gas.core.dra_claims import MILLICORES_PER_CARD, MILLICORES_STEP
 from gas.core.quantity import QuantityError, format_quantity, parse_quantity
 from gas.dra.driver import DRIVER, MEMORY, MILLICORES, STANDARD, TILES
 from gas.node.cards import Card
 
-MIB = 1024**2
-MEMORY_STEP = 256 * MIB
-"""Memory is consumed in whole 256 MiB steps: a request is rounded up to the next one, so
-what is left of a card is always whole steps, and no claim leaves a sliver too small for
-the next. Rounding costs a claim at most 255 MiB."""
-MILLICORES_PER_CARD = 1000
-MILLICORES_STEP = 10
 SHARES_BY_DEFAULT = 10
 """A claim that names no memory or millicores takes a tenth of the card: ten such claims
 fill it, as ten `gpu.intel.com/i915` shares of a card do under `gas node` by default."""

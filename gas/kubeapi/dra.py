@@ -1,7 +1,7 @@
-"""The resource.k8s.io/v1 calls of `gas dra`: `RawResourceV1Api`, each method named and
-called as its namesake in the generated client's `ResourceV1Api`, made as
-`gas.kubeapi.core` makes the core/v1 ones (the response returned unread, a status outside
-2xx raised as `ApiException`)."""
+"""The resource.k8s.io/v1 calls of `gas dra` and of `gas webhook --draClaims`:
+`RawResourceV1Api`, each method named and called as its namesake in the generated
+client's `ResourceV1Api`, made as `gas.kubeapi.core` makes the core/v1 ones (the response
+returned unread, a status outside 2xx raised as `ApiException`)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ GROUP = "/apis/resource.k8s.io/v1"
 SLICES_PATH = GROUP + "/resourceslices"
 SLICE_PATH = SLICES_PATH + "/{name}"
 CLAIM_PATH = GROUP + "/namespaces/{namespace}/resourceclaims/{name}"
+TEMPLATES_PATH = GROUP + "/namespaces/{namespace}/resourceclaimtemplates"
+TEMPLATE_PATH = TEMPLATES_PATH + "/{name}"
 
 
 class RawResourceV1Api(_Calls):
@@ -24,6 +26,24 @@ class RawResourceV1Api(_Calls):
     ) -> BaseHTTPResponse:
         where = {"name": name, "namespace": namespace}
         return self._call("GET", CLAIM_PATH, where, timeout=_request_timeout)
+
+    def read_namespaced_resource_claim_template(
+        self, name: str, namespace: str, *, _request_timeout: Timeout = None
+    ) -> BaseHTTPResponse:
+        where = {"name": name, "namespace": namespace}
+        return self._call("GET", TEMPLATE_PATH, where, timeout=_request_timeout)
+
+    def create_namespaced_resource_claim_template(
+        self, namespace: str, body: Mapping[str, Any], *, _request_timeout: Timeout = None
+    ) -> BaseHTTPResponse:
+        return self._call(
+            "POST",
+            TEMPLATES_PATH,
+            {"namespace": namespace},
+            body=body,
+            content_type=JSON,
+            timeout=_request_timeout,
+        )
 
     def list_resource_slice(
         self, *, field_selector: str | None = None, _request_timeout: Timeout = None

@@ -36,6 +36,7 @@ class Review:
     decision: Decision
     pod: str
     dry_run: bool
+    namespace: str = ""
 
 
 def review(body: bytes, settings: Settings) -> Review:
@@ -65,7 +66,27 @@ def respond(document: Mapping[str, Any], settings: Settings) -> Review:
     pod = as_mapping(request.get("object")) if _is_pod(request) else {}
     decision = decide(pod, operation, settings)
     dry_run = request.get("dryRun") is True
-    return Review(_answer(uid, decision), decision, _pod_name(request, pod), dry_run)
+    namespace = request.get("namespace")
+    namespace = namespace if isinstance(namespace, str) else ""
+    return Review(_answer(uid, decision), decision, _pod_name(request, pod), dry_run, namespace)
+
+
+def failed(answered: Review, message: str) -> dict[str, Any]:
+    """`answered` turned into a refusal for a failure of the webhook's own (the claim
+    template could not be made): 500, so the user reads it as the webhook's fault and the
+    pod's controller retries."""
+    uid = answered.body["response"]["uid"]
+    response = {
+        "uid": uid,
+        "allowed": False,
+        "status": {
+            "status": "Failure",
+            "reason": "InternalError",
+            "code": 500,
+            "message": wire.clean(message),
+        },
+    }
+    return {"apiVersion": API_VERSION, "kind": KIND, "response": response}
 
 
 def _is_pod(request: dict[str, Any]) -> bool:

@@ -18,6 +18,7 @@ from werkzeug.exceptions import HTTPException
 from gas.core.admission import MUTATED, REFUSED, Settings
 from gas.httpserver import hooks
 from gas.serving import admission, routes, wire
+from gas.serving.claim_templates import TemplateError, TemplateMaker
 from gas.serving.extender import read_body
 from gas.serving.wire import BadRequest
 
@@ -36,8 +37,9 @@ class WebhookMetrics:
         self.registry = CollectorRegistry()
         self.reviews = Counter(
             "gas_admission_reviews",
-            "AdmissionReviews answered by outcome: mutated (scheduler set), allowed "
-            "(unchanged), refused (a GPU pod gas can never place), error (not answered).",
+            "AdmissionReviews answered by outcome: mutated (scheduler set, or turned into "
+            "DRA claims), allowed (unchanged), refused (a GPU pod gas can never place), "
+            "error (not answered, or its claim template could not be made).",
             ["outcome"],
             registry=self.registry,
         )
@@ -45,7 +47,15 @@ class WebhookMetrics:
             self.reviews.labels(outcome)
 
 
-def create_app(settings: Settings, metrics: WebhookMetrics | None = None) -> Flask:
+def create_app(
+    settings: Settings,
+    metrics: WebhookMetrics | None = None,
+    templates: TemplateMaker | None = None,
+) -> Flask:
+    """`templates`: how the claim templates of `settings.dra_claims` are made (required
+    with it)."""
+    if settings.dra_claims and templates is None:
+        raise ValueError("converting pods to DRA claims needs a TemplateMaker")
     metrics = metrics or WebhookMetrics()
     app = Flask("gas-webhook")
     app.config["MAX_CONTENT_LENGTH"] = wire.DEFAULT_MAX_REQUEST_BYTES
@@ -55,8 +65,21 @@ def create_app(settings: Settings, metrics: WebhookMetrics | None = None) -> Fla
         answered = admission.review(body, settings)
         decision = answered.decision
         dry_run = " (dry run)" if answered.dry_run else ""
+        template = decision.template
+        if template is not None and templates is not None and not answered.dry_run:
+            # Before the answer: the claim is made from the template once the pod is
+            # stored. A dry run makes nothing (sideEffects: NoneOnDryRun).
+            try:
+                templates.ensure(answered.namespace, template)
+            except TemplateError as exc:
+                log.warning("pod %s not admitted: %s", answered.pod, exc)
+                metrics.reviews.labels(ERROR).inc()
+                return _json(admission.failed(answered, f"gas webhook: {exc}"))
         if decision.outcome == REFUSED:
             log.info("refused pod %s%s: %s", answered.pod, dry_run, decision.reason)
+        elif template is not None:
+            name = template["metadata"]["name"]
+            log.debug("pod %s%s claims through template %s", answered.pod, dry_run, name)
         elif decision.outcome == MUTATED:
             log.debug("pod %s%s sent to %s", answered.pod, dry_run, settings.scheduler_name)
         metrics.reviews.labels(decision.outcome).inc()

@@ -11,7 +11,9 @@ ships without one (a test holds them equal). docs/webhook.md explains the choice
   the failure gas exists to prevent;
 - kube-system and gas's own namespace excluded, so gas's own pods and the control plane
   are never waiting on gas;
-- no side effects (dry runs are answered the same), a short timeout, no reinvocation.
+- no side effects (dry runs are answered the same), a short timeout, no reinvocation;
+  with `dra_claims` (`gas webhook --draClaims`) side effects on real requests only
+  (`NoneOnDryRun`): the webhook makes the pod's ResourceClaimTemplate, never on a dry run.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def webhook_configuration(
     service: str = SERVICE,
     url: str | None = None,
     validate_only: bool = False,
+    dra_claims: bool = False,
 ) -> dict[str, Any]:
     """The admissionregistration.k8s.io/v1 object: a MutatingWebhookConfiguration, or
     with `validate_only` a ValidatingWebhookConfiguration (kubeadm installs: `gas webhook
@@ -92,7 +95,7 @@ def webhook_configuration(
             ]
         },
         "matchConditions": [{"name": "asks-for-intel-gpu", "expression": GPU_POD_EXPRESSION}],
-        "sideEffects": "None",
+        "sideEffects": "NoneOnDryRun" if dra_claims else "None",
         "timeoutSeconds": TIMEOUT_SECONDS,
     }
     kind = "ValidatingWebhookConfiguration"

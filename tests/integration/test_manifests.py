@@ -20,6 +20,7 @@ from gas.cluster.demo import DemoCluster, load_demo_file
 from gas.cluster.leader import LEASE_NAME
 from gas.core.ledger import Ledger
 from gas.kubeapi.core import RawCoordinationV1Api, RawCoreV1Api
+from gas.kubeapi.dra import RawResourceV1Api
 from gas.kubeapi.prepared import PreparedApi
 from gas.serving.extender import create_app
 from tests.support import realk8s
@@ -844,6 +845,46 @@ def test_gas_check_config_passes_the_profile_with_its_deployment(
 # ------------------------------------------------------------------ the kubeadm way's webhook
 
 
+# The calls of `gas webhook --draClaims` (its claim templates), and the rules they need:
+# granted by no shipped manifest (the switch is off there), and exactly these where it is
+# turned on (docs/webhook.md; test_webhook_dra_realk8s runs it on them alone).
+WEBHOOK_CLAIM_CALLS = {
+    "ResourceV1Api.read_namespaced_resource_claim_template": (
+        "resource.k8s.io",
+        "resourceclaimtemplates",
+        {"get"},
+    ),
+    "ResourceV1Api.create_namespaced_resource_claim_template": (
+        "resource.k8s.io",
+        "resourceclaimtemplates",
+        {"create"},
+    ),
+}
+
+
+def webhook_claim_rules() -> list[dict[str, Any]]:
+    """WEBHOOK_CLAIM_CALLS as RBAC rules, one per (group, resource)."""
+    needed: dict[tuple[str, str], set[str]] = {}
+    for group, resource, verbs in WEBHOOK_CLAIM_CALLS.values():
+        needed.setdefault((group, resource), set()).update(verbs)
+    return [
+        {"apiGroups": [group], "resources": [resource], "verbs": sorted(verbs)}
+        for (group, resource), verbs in sorted(needed.items())
+    ]
+
+
+def test_the_webhook_calls_only_what_dra_claims_need_and_no_manifest_grants_it() -> None:
+    # The webhook's own modules: where it builds its one client, and what calls it. (Its
+    # imports reach the extender's modules, whose calls run under gas serve only.)
+    serving = ROOT / "gas" / "serving"
+    own = ["webhook.py", "webhook_app.py", "admission.py", "claim_templates.py"]
+    sources = [(serving / name).read_text() for name in own]
+    assert api_calls(sources) == set(WEBHOOK_CLAIM_CALLS)
+    for file, _, doc in all_documents():
+        for rule in doc.get("rules") or [] if doc.get("kind") in ("Role", "ClusterRole") else []:
+            assert "resourceclaimtemplates" not in rule.get("resources", []), file
+
+
 def test_kubeadm_webhook_validates_only_and_holds_no_rights() -> None:
     deployment = way_find(KUBEADM_WEBHOOK, "Deployment", "gas-webhook")
     pod = deployment["spec"]["template"]["spec"]
@@ -924,6 +965,7 @@ STAND_INS: dict[str, tuple[type, str]] = {
     "RawCoreV1Api": (RawCoreV1Api, "CoreV1Api"),
     "PreparedApi": (PreparedApi, "CoreV1Api"),
     "RawCoordinationV1Api": (RawCoordinationV1Api, "CoordinationV1Api"),
+    "RawResourceV1Api": (RawResourceV1Api, "ResourceV1Api"),
 }
 
 
