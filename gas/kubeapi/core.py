@@ -79,6 +79,13 @@ class _Calls:
         raw: BaseHTTPResponse = response.response
         return raw
 
+    def _list(self, path: str, options: ListOptions) -> BaseHTTPResponse:
+        unknown = options.keys() - ListOptions.__annotations__.keys()
+        if unknown:
+            raise TypeError(f"unexpected list arguments: {sorted(unknown)}")
+        query = {wire: options.get(name) for name, wire in _LIST_QUERY.items()}
+        return self._call("GET", path, {}, query=query, timeout=options.get("_request_timeout"))
+
 
 class ListOptions(TypedDict, total=False):
     """The arguments of a list or watch that gas uses, named as the generated client names
@@ -159,13 +166,6 @@ class RawCoreV1Api(_Calls):
             content_type=JSON,
             timeout=_request_timeout,
         )
-
-    def _list(self, path: str, options: ListOptions) -> BaseHTTPResponse:
-        unknown = options.keys() - ListOptions.__annotations__.keys()
-        if unknown:
-            raise TypeError(f"unexpected list arguments: {sorted(unknown)}")
-        query = {wire: options.get(name) for name, wire in _LIST_QUERY.items()}
-        return self._call("GET", path, {}, query=query, timeout=options.get("_request_timeout"))
 
     def _patch(
         self,

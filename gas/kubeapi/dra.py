@@ -6,16 +6,17 @@ returned unread, a status outside 2xx raised as `ApiException`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Unpack
 
 from urllib3 import BaseHTTPResponse
 
-from gas.kubeapi.core import JSON, Timeout, _Calls
+from gas.kubeapi.core import JSON, ListOptions, Timeout, _Calls
 
 GROUP = "/apis/resource.k8s.io/v1"
 SLICES_PATH = GROUP + "/resourceslices"
 SLICE_PATH = SLICES_PATH + "/{name}"
 CLAIM_PATH = GROUP + "/namespaces/{namespace}/resourceclaims/{name}"
+CLAIMS_PATH = GROUP + "/resourceclaims"
 TEMPLATES_PATH = GROUP + "/namespaces/{namespace}/resourceclaimtemplates"
 TEMPLATE_PATH = TEMPLATES_PATH + "/{name}"
 
@@ -45,11 +46,13 @@ class RawResourceV1Api(_Calls):
             timeout=_request_timeout,
         )
 
-    def list_resource_slice(
-        self, *, field_selector: str | None = None, _request_timeout: Timeout = None
+    def list_resource_slice(self, **options: Unpack[ListOptions]) -> BaseHTTPResponse:
+        return self._list(SLICES_PATH, options)
+
+    def list_resource_claim_for_all_namespaces(
+        self, **options: Unpack[ListOptions]
     ) -> BaseHTTPResponse:
-        query = {"fieldSelector": field_selector}
-        return self._call("GET", SLICES_PATH, {}, query=query, timeout=_request_timeout)
+        return self._list(CLAIMS_PATH, options)
 
     def create_resource_slice(
         self, body: Mapping[str, Any], *, _request_timeout: Timeout = None

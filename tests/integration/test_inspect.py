@@ -484,9 +484,23 @@ def test_node_shows_one_node_and_asks_only_for_it(
     assert status == 1
     # The API server filters: a large cluster's other pods never cross the wire.
     selectors = {
-        t.split("fieldSelector=", 1)[1].split("&")[0] for _, t in apiserver.request_targets
+        t.split("?", 1)[0]: t.split("fieldSelector=", 1)[1].split("&")[0]
+        for _, t in apiserver.request_targets
+        if "fieldSelector=" in t
     }
-    assert selectors == {"metadata.name%3Dgpu-4cards", "spec.nodeName%3Dgpu-4cards"}
+    assert selectors == {
+        "/api/v1/nodes": "metadata.name%3Dgpu-4cards",
+        "/api/v1/pods": "spec.nodeName%3Dgpu-4cards",
+        # The DRA nodes' books: this node's slices of gas's driver, and every claim (a
+        # claim names no node the API server could filter on).
+        "/apis/resource.k8s.io/v1/resourceslices": (
+            "spec.driver%3Dgpu.gas.intel.com%2Cspec.nodeName%3Dgpu-4cards"
+        ),
+    }
+    assert any(
+        t.startswith("/apis/resource.k8s.io/v1/resourceclaims?")
+        for _, t in apiserver.request_targets
+    )
 
     status, out = inspect("--node", "gpu-2cards")
     assert status == 0  # its only finding, the pod bound around gas, is a warning

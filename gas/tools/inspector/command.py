@@ -13,7 +13,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from gas.core.model import as_mapping
-from gas.tools.inspector.read import InspectError, cluster_client, fetch_ledger, read_cluster
+from gas.tools.inspector.dra import DraReport, dra_json, dra_report, render_dra_table
+from gas.tools.inspector.read import (
+    InspectError,
+    cluster_client,
+    fetch_ledger,
+    read_cluster,
+    read_dra,
+)
 from gas.tools.inspector.render import render_table, report_json
 from gas.tools.inspector.report import build_report
 
@@ -94,8 +101,11 @@ def run(args: argparse.Namespace) -> int:
                 and not any(as_mapping(p.get("spec")).get("nodeName") == args.node for p in pods)
             ):
                 raise InspectError(f"node {args.node} not found")
+            # The nodes `gas dra` serves keep their books in ResourceSlices and claims.
+            slices, claims, dra_error = read_dra(api_client, args.node)
+            dra = dra_report(slices, claims, args.node)
             if getattr(args, "check", False):
-                return _run_check(args, api_client, nodes, pods)
+                return _run_check(args, api_client, nodes, pods, dra)
             report = build_report(nodes, pods, args.node, args.placeable)
             if args.extender:
                 report.drift_url = args.extender
@@ -103,14 +113,30 @@ def run(args: argparse.Namespace) -> int:
         except InspectError as exc:
             print(f"gas inspect: {exc}", file=sys.stderr)
             return EXIT_ERROR
-    text = json.dumps(report_json(report), indent=2) + "\n" if args.output == "json" else None
+    if args.output == "json":
+        whole = report_json(report)
+        # Only where there is something to say: a cluster without DRA nodes reads as before.
+        if dra.cards or dra.problems or dra_error is not None:
+            whole["dra"] = dra_json(dra) | {"error": dra_error}
+        text = json.dumps(whole, indent=2) + "\n"
+    else:
+        text = render_table(report) + _dra_text(dra, dra_error)
     try:
-        sys.stdout.write(text or render_table(report))
+        sys.stdout.write(text)
         sys.stdout.flush()
     except BrokenPipeError:
         # `gas inspect | head`: the reader left; Python would complain again at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return EXIT_PROBLEMS if report.failed else EXIT_OK
+    return EXIT_PROBLEMS if report.failed or dra.problems else EXIT_OK
+
+
+def _dra_text(dra: DraReport, error: str | None) -> str:
+    lines = render_dra_table(dra)
+    if dra.problems:
+        lines += ["", "DRA problems:", *(f"  {f.message}" for f in dra.problems)]
+    if error is not None:
+        lines.append(f"DRA nodes not shown: {error}")
+    return "\n" + "\n".join(lines) + "\n" if lines else ""
 
 
 def kubectl_main(argv: Sequence[str] | None = None) -> int:
@@ -168,6 +194,7 @@ def _run_check(
     api_client: Any,
     nodes: list[dict[str, Any]],
     pods: list[dict[str, Any]],
+    dra: DraReport,
 ) -> int:
     """`--check`: the invariants of gas.tools.audit.check_invariants; a violation involving the
     ledger counts only if it outlasts `--driftWait` (the watch trails the API server)."""
@@ -181,6 +208,8 @@ def _run_check(
         nodes, pods = read_cluster(api_client, args.node)
         ledger = fetch_ledger(args)
         violations = check_invariants(nodes, pods, ledger)
+    # kube-scheduler keeps the DRA cards' books; a card past its capacity is still a fault.
+    violations = violations + [f.message for f in dra.problems]
     flying = in_flight(ledger) if ledger is not None else []
     if args.output == "json":
         text = json.dumps({"violations": violations, "in_flight": flying}, indent=2) + "\n"

@@ -65,6 +65,35 @@ def read_cluster(
     return nodes, pods
 
 
+def read_dra(
+    api_client: Any, only_node: str | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
+    """The ResourceSlices and ResourceClaims (the DRA nodes' books), and why they could not
+    be read (None when they were). An API server without `resource.k8s.io/v1` (before
+    1.34) has no DRA nodes: both lists are empty and nothing is wrong. Any other failure
+    (a reader allowed nodes and pods but not these) is told, not fatal: the cards of
+    `gas node`'s nodes are still worth showing."""
+    from kubernetes.client.exceptions import ApiException
+
+    from gas.dra.driver import DRIVER
+    from gas.kubeapi.dra import RawResourceV1Api
+
+    resources = RawResourceV1Api(api_client)
+    # The API server filters the slices; a claim names no node it could filter on.
+    selector = f"spec.driver={DRIVER}"
+    if only_node is not None:
+        selector += f",spec.nodeName={only_node}"
+    try:
+        slices = _list_all(resources.list_resource_slice, "resourceslices", selector)
+        claims = _list_all(resources.list_resource_claim_for_all_namespaces, "resourceclaims")
+    except InspectError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, ApiException) and cause.status == 404:
+            return [], [], None
+        return [], [], str(exc)
+    return slices, claims, None
+
+
 def _list_all(call: Any, what: str, field_selector: str | None = None) -> list[dict[str, Any]]:
     """Every item, a page at a time (one huge list would be slow on the API server too),
     as gas's own reflector reads it: a list whose continue token expires mid-way is read

@@ -122,6 +122,13 @@ _ROUTES: Final[tuple[tuple[re.Pattern[str], str, str | None, frozenset[str], str
         "resource.k8s.io/v1",
     ),
     (
+        re.compile(r"^/apis/resource\.k8s\.io/v1/resourceclaims$"),
+        "collection",
+        "resourceclaims",
+        frozenset({"GET"}),
+        "resource.k8s.io/v1",
+    ),
+    (
         re.compile(rf"^/apis/resource\.k8s\.io/v1/namespaces/{_SEG}/resourceclaims$"),
         "collection",
         "resourceclaims",
@@ -159,6 +166,7 @@ def match_route(path: str) -> Route | None:
         if (
             kind is not None
             and kind.namespaced
+            and groups  # a list across namespaces names none
             and path.startswith(("/api/v1/namespaces/", "/apis/"))
         ):
             namespace = groups[0]
