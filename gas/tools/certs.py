@@ -33,6 +33,8 @@ WEBHOOK_SECRET = "gas-webhook-tls"
 GAS_SECRET = "gas-tls"
 ANY_CLUSTER_DIR = "deploy/any-cluster"
 KUBEADM_WEBHOOK_DIR = "deploy/kubeadm-webhook"
+DRA_DIR = "deploy/dra"
+DRA_WEBHOOK_DIR = "deploy/dra-webhook"
 # The keys of Secret gas-tls each way's manifests mount: in the any-cluster way the
 # kube-scheduler container of gas's pod also reads its client certificate from it.
 KUBEADM_GAS_TLS = ("tls.crt", "tls.key", "ca.crt")
@@ -73,6 +75,8 @@ class Plan:
     webhook_namespace: str
     webhook_service: str
     validating_webhook: bool
+    dra_claims: bool = False
+    """The configuration is for `gas webhook --draClaims` (deploy/dra-webhook)."""
 
     def path(self, name: str) -> str:
         return os.path.join(self.out, name)
@@ -135,6 +139,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(kubeadm installs), instead of the MutatingWebhookConfiguration",
     )
     parser.add_argument(
+        "--draClaims",
+        action="store_true",
+        help="write the MutatingWebhookConfiguration for gas webhook --draClaims "
+        "(deploy/dra-webhook: side effects, none on dry run)",
+    )
+    parser.add_argument(
         "--force", action="store_true", help="overwrite files that already exist in --out"
     )
 
@@ -184,6 +194,8 @@ def _plan(args: argparse.Namespace) -> Plan:
     ):
         if not _K8S_LABEL.match(value):
             raise CertsError(f"{flag} {value!r} is not a valid Kubernetes name (RFC 1123 label)")
+    if args.draClaims and args.validatingWebhook:
+        raise CertsError("--draClaims and --validatingWebhook are two webhooks: choose one")
     return Plan(
         out=args.out,
         dns_names=tuple(dict.fromkeys(dns)),
@@ -195,6 +207,7 @@ def _plan(args: argparse.Namespace) -> Plan:
         webhook_namespace=args.webhookNamespace,
         webhook_service=args.webhookService,
         validating_webhook=args.validatingWebhook,
+        dra_claims=args.draClaims,
     )
 
 
@@ -308,6 +321,7 @@ def _webhook_configuration_yaml(plan: Plan, ca_pem: bytes) -> str:
         namespace=plan.webhook_namespace,
         service=plan.webhook_service,
         validate_only=plan.validating_webhook,
+        dra_claims=plan.dra_claims,
     )
     text: str = yaml.safe_dump(body, sort_keys=False)
     return text
@@ -318,6 +332,10 @@ def _report(plan: Plan, written: list[tuple[str, str]]) -> None:
         print(f"wrote {path}  ({what})")
     print()
     print("Next steps: one way per cluster, never both (README.md, Deploying).")
+    if plan.dra_claims:
+        print()
+        _report_dra_claims(plan)
+        return
     if not plan.validating_webhook:
         print()
         _report_any_cluster(plan)
@@ -354,6 +372,20 @@ def _report_any_cluster(plan: Plan) -> None:
         "4. Once it is Ready, register the webhook with its caBundle (until it answers, "
         "GPU pods are refused: failurePolicy Fail):"
     )
+    print(f"   kubectl apply -f {shlex.quote(plan.path(WEBHOOK_CONFIGURATION_FILE))}")
+
+
+def _report_dra_claims(plan: Plan) -> None:
+    print(
+        f"The DRA way with its webhook ({DRA_DIR} and {DRA_WEBHOOK_DIR}: every GPU node "
+        "runs gas dra):"
+    )
+    print(f"1. gas dra on the GPU nodes: kubectl apply -k {DRA_DIR}")
+    print(f"2. The admission webhook's Secret {WEBHOOK_SECRET}:")
+    print(_webhook_secret_command(plan))
+    print(f"3. The webhook: kubectl apply -k {DRA_WEBHOOK_DIR}")
+    print("   kubectl -n gas-system rollout status deployment/gas-webhook")
+    print("4. Once it is Ready, register it with its caBundle:")
     print(f"   kubectl apply -f {shlex.quote(plan.path(WEBHOOK_CONFIGURATION_FILE))}")
 
 

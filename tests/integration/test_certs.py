@@ -487,6 +487,30 @@ def test_validating_webhook_configuration_for_kubeadm_installs(
     assert f"create secret tls gas-webhook-tls --cert={tmp_path / 'webhook.crt'}" in kubeadm
 
 
+def test_dra_claims_webhook_configuration_for_the_dra_way(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, _ = run_certs(capsys, "--out", str(tmp_path), "--draClaims")
+    assert status == 0
+    written = yaml.safe_load((tmp_path / "webhook-configuration.yaml").read_text())
+    ca_pem = (tmp_path / "ca.crt").read_bytes()
+    assert written == webhook_configuration(ca_pem, dra_claims=True)
+    assert written["webhooks"][0]["sideEffects"] == "NoneOnDryRun"
+    # Only the DRA way's steps: the other ways' webhooks need another configuration.
+    assert "\nAny cluster (" not in out and "\nkubeadm (" not in out
+    steps = out[out.index("The DRA way with its webhook") :]
+    assert steps.index("apply -k deploy/dra\n") < steps.index("apply -k deploy/dra-webhook")
+    assert steps.index("apply -k deploy/dra-webhook") < steps.index(
+        f"kubectl apply -f {tmp_path / 'webhook-configuration.yaml'}"
+    )
+    assert f"create secret tls gas-webhook-tls --cert={tmp_path / 'webhook.crt'}" in steps
+    status, _, err = run_certs(
+        capsys, "--out", str(tmp_path / "two"), "--draClaims", "--validatingWebhook"
+    )
+    assert status != 0 and "choose one" in err
+    assert not (tmp_path / "two").exists()
+
+
 @pytest.mark.parametrize(
     ("args", "complaint"),
     [

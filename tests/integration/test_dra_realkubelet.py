@@ -579,3 +579,104 @@ def test_a_pod_asking_only_for_i915_gets_a_share_through_the_device_class(
         rig.plane.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/plain-i915")
         wait_for(lambda: not _pods(rig), 90, "the pod deleted")
         wait_for(lambda: not _claims(rig), 90, "its claim deleted")
+
+
+def test_an_unchanged_memory_pod_runs_on_claims_of_its_memory_through_the_webhook(
+    rig: Rig, tmp_path: Path
+) -> None:
+    """`gas webhook --draClaims` registered: a pod written for gas (i915 with memory.max)
+    runs as written, on claims that consume its memory per card. 2 cards of 10Gi each
+    must be distinct; a third pod's 10Gi then fits only on the card left whole, which a
+    default share (a tenth of a card) would not have told apart."""
+    from gas.tools.webhook_config import webhook_configuration
+    from tests.integration.test_manifests import webhook_claim_rules
+    from tests.support.gasproc import make_tls_files
+    from tests.support.webhookproc import WebhookProcess
+
+    _wait_published(rig)
+    plane = rig.plane
+    user = "gas-webhook-claims"
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    role = {"metadata": {"name": user}, "rules": webhook_claim_rules()}
+    assert plane.request("POST", f"{rbac}/clusterroles", role)[0] == 201
+    binding = {
+        "metadata": {"name": user},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }
+    assert plane.request("POST", f"{rbac}/clusterrolebindings", binding)[0] == 201
+    tls = make_tls_files(tmp_path)
+    webhook = WebhookProcess(
+        ["--draClaims", "--kubeConfig", plane.kubeconfig("webhook", user)],
+        tmp_path / "webhook.log",
+        tls,
+    )
+    configurations = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+    configuration = webhook_configuration(
+        Path(tls.ca).read_bytes(),
+        url=f"https://127.0.0.1:{webhook.port}/admission/pods",
+        dra_claims=True,
+    )
+    pods = f"/api/v1/namespaces/{NAMESPACE}/pods"
+
+    def gpu_pod(name: str, gpus: str, memory: str) -> dict[str, Any]:
+        limits = {"gpu.intel.com/i915": gpus, "gpu.intel.com/memory.max": memory}
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {
+                "terminationGracePeriodSeconds": 1,
+                "containers": [
+                    {
+                        "name": "app",
+                        "image": realnode.IMAGE,
+                        "imagePullPolicy": "Never",
+                        "command": ["/bin/sh", "-c", "exec sleep 3600"],
+                        "resources": {"limits": limits},
+                    }
+                ],
+            },
+        }
+
+    def results(pod: dict[str, Any]) -> list[dict[str, Any]]:
+        (status,) = pod["status"]["resourceClaimStatuses"]
+        path = f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaims/{status['resourceClaimName']}"
+        code, claim = plane.request("GET", path)
+        assert code == 200, claim
+        found: list[dict[str, Any]] = claim["status"]["allocation"]["devices"]["results"]
+        return found
+
+    try:
+        webhook.wait_status("/readyz", 200)
+        assert plane.request("POST", configurations, configuration)[0] == 201
+
+        def converted() -> bool:
+            status, answer = plane.request("POST", pods + "?dryRun=All", gpu_pod("p", "1", "1Gi"))
+            assert status == 201, answer
+            return bool(answer["spec"].get("resourceClaims"))
+
+        wait_for(converted, 30, "the webhook registered")
+        for name, gpus, memory in (("wide", "2", "20Gi"), ("narrow", "1", "10Gi")):
+            status, answer = plane.request("POST", pods, gpu_pod(name, gpus, memory))
+            assert status == 201, answer
+        wide = results(_wait_running(rig, "wide"))
+        assert len({r["device"] for r in wide}) == 2  # distinct cards
+        assert all(r["consumedCapacity"]["memory"] == "10Gi" for r in wide), wide
+        (narrow,) = results(_wait_running(rig, "narrow"))
+        assert narrow["consumedCapacity"]["memory"] == "10Gi"
+        assert narrow["device"] not in {r["device"] for r in wide}
+        # Each container sees exactly its claim's cards.
+        for name, allocated in (("wide", wide), ("narrow", [narrow])):
+            cards = {r["device"] for r in allocated}
+            (status_,) = _pod(rig, name)["status"]["containerStatuses"]
+            pid = rig.node.container_pid(status_["containerID"])
+            wanted = realnode.card_devices(c for c in CARDS if f"card{c.number}" in cards)
+            assert rig.node.devices_seen(pid) == wanted, name
+    finally:
+        plane.request("DELETE", f"{configurations}/{configuration['metadata']['name']}")
+        webhook.stop()
+        for name in ("wide", "narrow"):
+            plane.request("DELETE", f"{pods}/{name}")
+        wait_for(lambda: not _pods(rig), 90, "the pods deleted")
+        wait_for(lambda: not _claims(rig), 90, "their claims deleted")

@@ -120,7 +120,9 @@ KUBEADM_WEBHOOK = DEPLOY / "kubeadm-webhook"
 # The DRA way: gas dra on the nodes labelled for it, beside either way or alone.
 DRA = DEPLOY / "dra"
 DRA_LABEL = "gpu.gas.intel.com/dra"
-KUSTOMIZATIONS = (KUBEADM, BASE, NAMESPACE_DIR, ANY_CLUSTER, KUBEADM_WEBHOOK, DRA)
+# Optional, with the DRA way alone: the webhook that turns gas pods into DRA claims.
+DRA_WEBHOOK = DEPLOY / "dra-webhook"
+KUSTOMIZATIONS = (KUBEADM, BASE, NAMESPACE_DIR, ANY_CLUSTER, KUBEADM_WEBHOOK, DRA, DRA_WEBHOOK)
 # Namespaced objects outside gas-system: kube-scheduler's authentication delegation reads a
 # ConfigMap of kube-system, and the Role that allows it lives there.
 KUBE_SYSTEM_OBJECTS = {("RoleBinding", "gas-scheduler-authentication-reader")}
@@ -336,7 +338,8 @@ def test_manifests_name_their_namespace() -> None:
 def installation(directory: Path) -> list[tuple[str, dict[str, Any]]]:
     """(file, document) of everything one way of installing may apply: its kustomizations
     and the files applied on their own."""
-    directories = [KUBEADM, KUBEADM_WEBHOOK] if directory == KUBEADM else [directory]
+    optional = {KUBEADM: [KUBEADM_WEBHOOK], DRA: [DRA_WEBHOOK]}.get(directory, [])
+    directories = [directory, *optional]
     paths = [p for d in directories for p in way_files(d)]
     paths += [
         d / WEBHOOK_CONFIGURATION for d in directories if (d / WEBHOOK_CONFIGURATION).is_file()
@@ -383,6 +386,7 @@ def test_kustomization_lists_every_manifest(directory: Path) -> None:
         KUBEADM: OPTIONAL_MANIFESTS,
         ANY_CLUSTER: {WEBHOOK_CONFIGURATION},
         KUBEADM_WEBHOOK: {WEBHOOK_CONFIGURATION},
+        DRA_WEBHOOK: {WEBHOOK_CONFIGURATION},
     }.get(directory, set())
     assert on_disk - files == optional, "in deploy/ but not applied by the kustomization"
 
@@ -404,6 +408,7 @@ def test_each_way_installs_what_it_needs() -> None:
     }
     # Every manifest belongs to a way, or is the optional labeller.
     assert {_label(p) for p in way_files(KUBEADM_WEBHOOK)} == {"kubeadm-webhook/webhook.yaml"}
+    assert {_label(p) for p in way_files(DRA_WEBHOOK)} == {"dra-webhook/webhook.yaml"}
 
 
 @pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=_label)
@@ -798,7 +803,7 @@ def test_webhook_configuration_is_the_one_gas_builds() -> None:
         from gas.tools.webhook_config import webhook_configuration
     except ImportError:
         pytest.skip("gas.tools.webhook_config is not there yet")
-    shipped = find("MutatingWebhookConfiguration", "gas-webhook")
+    (shipped,) = load_all(ANY_CLUSTER / WEBHOOK_CONFIGURATION)
     assert shipped == webhook_configuration(None)
     (webhook,) = shipped["webhooks"]
     assert "caBundle" not in webhook["clientConfig"]
@@ -873,7 +878,7 @@ def webhook_claim_rules() -> list[dict[str, Any]]:
     ]
 
 
-def test_the_webhook_calls_only_what_dra_claims_need_and_no_manifest_grants_it() -> None:
+def test_the_webhook_calls_only_what_dra_claims_need_and_only_its_manifest_grants_it() -> None:
     # The webhook's own modules: where it builds its one client, and what calls it. (Its
     # imports reach the extender's modules, whose calls run under gas serve only.)
     serving = ROOT / "gas" / "serving"
@@ -881,8 +886,34 @@ def test_the_webhook_calls_only_what_dra_claims_need_and_no_manifest_grants_it()
     sources = [(serving / name).read_text() for name in own]
     assert api_calls(sources) == set(WEBHOOK_CLAIM_CALLS)
     for file, _, doc in all_documents():
-        for rule in doc.get("rules") or [] if doc.get("kind") in ("Role", "ClusterRole") else []:
-            assert "resourceclaimtemplates" not in rule.get("resources", []), file
+        if doc.get("kind") in ("Role", "ClusterRole") and file != "dra-webhook/webhook.yaml":
+            for rule in doc.get("rules") or []:
+                assert "resourceclaimtemplates" not in rule.get("resources", []), file
+    # deploy/dra-webhook: exactly these rules, bound to its webhook's account alone, whose
+    # pods run --draClaims and mount the token; the other webhooks keep none.
+    role = way_find(DRA_WEBHOOK, "ClusterRole", "gas-webhook-claims")
+    assert [
+        {**rule, "verbs": sorted(rule["verbs"])} for rule in role["rules"]
+    ] == webhook_claim_rules()
+    binding = way_find(DRA_WEBHOOK, "ClusterRoleBinding", "gas-webhook-claims")
+    assert binding["roleRef"]["name"] == "gas-webhook-claims"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gas-webhook-claims", "namespace": NAMESPACE}
+    ]
+    assert bindings_of("gas-webhook-claims") == [("ClusterRole", None, "gas-webhook-claims")]
+    deployment = way_find(DRA_WEBHOOK, "Deployment", "gas-webhook")
+    pod = deployment["spec"]["template"]["spec"]
+    (webhook,) = pod["containers"]
+    assert webhook["args"][0] == "webhook" and "--draClaims" in webhook["args"]
+    assert "--validateOnly" not in webhook["args"]
+    assert pod["serviceAccountName"] == "gas-webhook-claims"
+    assert pod["automountServiceAccountToken"] is True
+    assert webhook["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    service = way_find(DRA_WEBHOOK, "Service", "gas-webhook")
+    assert _selects(
+        service["spec"]["selector"], deployment["spec"]["template"]["metadata"]["labels"]
+    )
 
 
 def test_kubeadm_webhook_validates_only_and_holds_no_rights() -> None:
@@ -925,6 +956,14 @@ def test_kubeadm_webhook_configuration_is_the_validating_one_gas_builds() -> Non
     (shipped,) = load_all(KUBEADM_WEBHOOK / WEBHOOK_CONFIGURATION)
     assert shipped == webhook_configuration(None, validate_only=True)
     assert shipped["kind"] == "ValidatingWebhookConfiguration"
+
+
+def test_dra_webhook_configuration_is_the_one_gas_builds_for_dra_claims() -> None:
+    from gas.tools.webhook_config import webhook_configuration
+
+    (shipped,) = load_all(DRA_WEBHOOK / WEBHOOK_CONFIGURATION)
+    assert shipped == webhook_configuration(None, dra_claims=True)
+    assert shipped["webhooks"][0]["sideEffects"] == "NoneOnDryRun"
 
 
 # ------------------------------------------------------------------ RBAC against the code
