@@ -90,6 +90,8 @@ SETUPS = {
     "baseline": "kube-scheduler + baseline gas",
     "prioritize": "kube-scheduler + gas, with prioritize",
 }
+GAS_MODES = ("gas", "baseline", "prioritize")
+"""The setups with a `gas serve` as kube-scheduler's extender."""
 
 
 # ---------------------------------------------------------------- the API server, raw
@@ -485,7 +487,7 @@ class Bench:
         gas: GasProcess | None = None
         scheduler: realk8s.Process | None = None
         try:
-            if mode != "alone":
+            if mode in GAS_MODES:
                 gas = self._start_gas(name, self.baseline if mode == "baseline" else None)
             scheduler = self.plane.start_scheduler(
                 scheduler_config(gas.port if gas else None, self.tls, mode == "prioritize"),
@@ -502,6 +504,11 @@ class Bench:
         self._check(result, name)
         self._clean(name)
         return result
+
+    def burst(self, name: str) -> list[tuple[dict[str, Any], Shape]]:
+        """The round's pending pods, made before its clock starts (benchmarks.dra makes
+        pods of other kinds, and the claims they use)."""
+        return burst_pods(self.pods, name, self.rounds)
 
     def _start_gas(self, name: str, source: str | None) -> GasProcess:
         """`gas serve` over the plane, from this tree or (baseline) from the tree `source`,
@@ -551,7 +558,7 @@ class Bench:
         gas: GasProcess | None,
         scheduler: realk8s.Process,
     ) -> None:
-        pods = burst_pods(self.pods, name, self.rounds)
+        pods = self.burst(name)
         bodies = [orjson.dumps(pod) for pod, _ in pods]
         listed = self.api.get(f"/api/v1/namespaces/{NAMESPACE}/pods?limit=1")
         watch = Watch(self.api, name, listed["metadata"]["resourceVersion"])
@@ -687,7 +694,7 @@ class Bench:
         return recorders
 
     def _check(self, result: Round, name: str) -> None:
-        if result.mode == "alone":
+        if result.mode not in GAS_MODES:
             return
         from gas.tools.audit import check_invariants
 
