@@ -18,9 +18,9 @@ and containerd 2.x's CDI library reads every version up to 1.1.0."""
 STANDARD = "resource.kubernetes.io"
 """The domain of the attribute names every driver shares (pciBusID, pcieRoot, numaNode)."""
 
-MEMORY = "memory"
-MILLICORES = "millicores"
-TILES = "tiles"
+MEMORY = dra_claims.CAPACITY_MEMORY
+MILLICORES = dra_claims.CAPACITY_MILLICORES
+TILES = dra_claims.CAPACITY_TILES
 
 PLUGIN_TYPE = "DRAPlugin"
 SUPPORTED_VERSIONS = ("v1.DRAPlugin",)

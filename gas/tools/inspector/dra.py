@@ -20,8 +20,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gas.core.dra_claims import CAPACITY_MEMORY as MEMORY
+from gas.core.dra_claims import CAPACITY_MILLICORES as MILLICORES
+from gas.core.dra_claims import CAPACITY_TILES as TILES
+from gas.core.dra_claims import DRIVER
 from gas.core.quantity import QuantityError, format_quantity, parse_quantity
-from gas.dra.driver import DRIVER, MEMORY, MILLICORES, TILES
 
 CAPACITY_ORDER = (MEMORY, MILLICORES, TILES)
 
