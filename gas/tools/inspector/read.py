@@ -75,7 +75,7 @@ def read_dra(
     `gas node`'s nodes are still worth showing."""
     from kubernetes.client.exceptions import ApiException
 
-    from gas.dra.driver import DRIVER
+    from gas.core.dra_claims import DRIVER
     from gas.kubeapi.dra import RawResourceV1Api
 
     resources = RawResourceV1Api(api_client)
