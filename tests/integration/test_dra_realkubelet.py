@@ -20,6 +20,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -444,6 +445,30 @@ def test_devices_hold_through_a_sigkill_of_gas_dra_and_a_kubelet_restart(
     for name in ("before", "after-kill", "after-kubelet"):
         (status_,) = _pod(rig, name)["status"]["containerStatuses"]
         assert status_["restartCount"] == 0, name
+
+
+def test_a_claim_whose_prepare_meets_a_sigkill_still_gets_exactly_its_card(
+    rig: Rig, create: Create
+) -> None:
+    """gas dra SIGKILLed before a pod's claim is prepared: the kubelet's prepare fails and
+    the pod waits; once the driver is back the kubelet's retry prepares it, and the
+    container gets the allocated card and no other."""
+    _wait_published(rig)
+    status, answer = rig.plane.request(
+        "POST",
+        f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaimtemplates",
+        _template("four", "4Gi"),
+    )
+    assert status in (201, 409), answer
+    rig.driver.kill()
+    create("mid-prepare", "four")
+    time.sleep(5)
+    assert not _is_running(_pod(rig, "mid-prepare")), "started with no driver to prepare it"
+    rig.driver.start()
+    _wait_running(rig, "mid-prepare", timeout=120)
+    _assert_exact_devices(rig, "mid-prepare")
+    (status_,) = _pod(rig, "mid-prepare")["status"]["containerStatuses"]
+    assert status_["restartCount"] == 0
 
 
 def _slice_for(node: str, name: str, driver: str = DRIVER) -> dict[str, Any]:
