@@ -344,6 +344,31 @@ def _xe_links(value: str, cards: tuple[str, ...]) -> tuple[XeLink, ...]:
     return tuple(links)
 
 
+def xe_link_groups(labels: Mapping[str, str], cards: Iterable[str]) -> dict[str, int]:
+    """Card -> its Xe Link group, from the node's `gpu.intel.com/xe-links` label: cards
+    joined by links, directly or through others, share a group, numbered by its
+    lowest-numbered card. Cards without a link have none. Raises SpecError for a malformed
+    label."""
+    ordered = sort_cards(cards)
+    links = _xe_links(read_split_label(labels, LABEL_XE_LINKS), ordered)
+    parent = {card: card for card in ordered}
+
+    def root(card: str) -> str:
+        while parent[card] != card:
+            parent[card] = parent[parent[card]]
+            card = parent[card]
+        return card
+
+    linked: set[str] = set()
+    for (a, _), (b, _) in links:
+        if a == b:
+            continue  # a link between a card's own tiles joins no cards
+        linked |= {a, b}
+        first, second = sorted((root(a), root(b)), key=card_number)
+        parent[second] = first
+    return {card: card_number(root(card)) for card in ordered if card in linked}
+
+
 def _numa_groups(value: str, cards: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
     """`0-0.1_1-2.3`: NUMA node 0 has card0 and card1, node 1 card2 and card3."""
     if not value:

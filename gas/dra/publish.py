@@ -16,6 +16,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gas.core.model import SpecError, xe_link_groups
 from gas.dra.driver import DRIVER
 from gas.dra.slices import PciFacts, devices_differ, dropped_fields, resource_slice, slice_name
 from gas.kubeapi.core import RawCoreV1Api
@@ -46,6 +47,7 @@ class SlicePublisher:
         self.node = node
         self.generation = 0
         """The generation last published."""
+        self._xe_link_problem = ""
 
     def _mine(self) -> list[dict[str, Any]]:
         selector = f"spec.driver={DRIVER},spec.nodeName={self.node}"
@@ -61,6 +63,7 @@ class SlicePublisher:
         card watcher retries with backoff)."""
         node = read_node(self.core, self.node)
         uid = str((node.get("metadata") or {}).get("uid") or "")
+        groups = self._xe_link_groups(node, cards)
         existing = self._mine()
         highest = max((_generation(s) for s in existing), default=0)
         name = slice_name(self.node)
@@ -70,7 +73,7 @@ class SlicePublisher:
                 log.info("deleting the obsolete ResourceSlice %s", other)
                 self._drain(self.resources.delete_resource_slice(other))
         current = next((s for s in existing if s["metadata"]["name"] == name), None)
-        desired = resource_slice(self.node, uid, cards, facts, highest)
+        desired = resource_slice(self.node, uid, cards, facts, highest, groups)
         if (
             current is not None
             and _generation(current) == highest
@@ -79,7 +82,7 @@ class SlicePublisher:
             self.generation = highest
             log.debug("ResourceSlice %s is up to date (generation %d)", name, highest)
             return True
-        desired = resource_slice(self.node, uid, cards, facts, highest + 1)
+        desired = resource_slice(self.node, uid, cards, facts, highest + 1, groups)
         if current is None:
             stored = _read(
                 self.resources.create_resource_slice(desired, _request_timeout=API_TIMEOUT)
@@ -109,6 +112,18 @@ class SlicePublisher:
             len(desired["spec"]["devices"]),
         )
         return True
+
+    def _xe_link_groups(self, node: Mapping[str, Any], cards: Sequence[Card]) -> dict[str, int]:
+        """The cards' Xe Link groups, from the node's label (written by the GPU labelling
+        tools); none when the label is malformed, which is logged."""
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        try:
+            return xe_link_groups(labels, [card.name for card in cards])
+        except SpecError as exc:
+            if str(exc) != self._xe_link_problem:
+                log.warning("no Xe Link groups published for node %s: %s", self.node, exc)
+            self._xe_link_problem = str(exc)
+            return {}
 
     @staticmethod
     def _drain(response: Any) -> None:

@@ -57,9 +57,13 @@ def _int(value: int) -> dict[str, Any]:
     return {"int": value}
 
 
-def attributes(card: Card, facts: PciFacts) -> dict[str, dict[str, Any]]:
+def attributes(
+    card: Card, facts: PciFacts, xe_link_group: int | None = None
+) -> dict[str, dict[str, Any]]:
     """The card's attributes: the standard ones other drivers' devices can be matched
-    against (`matchAttribute`), then gas's own, in the driver's domain (unqualified)."""
+    against (`matchAttribute`), then gas's own, in the driver's domain (unqualified).
+    `xeLinkGroup` (cards joined by Xe Link share it) only on linked cards, so that
+    `matchAttribute: gpu.gas.intel.com/xeLinkGroup` keeps unlinked cards out."""
     found: dict[str, dict[str, Any]] = {}
     if card.pci_address:
         found[f"{STANDARD}/pciBusID"] = _string(card.pci_address)
@@ -76,6 +80,8 @@ def attributes(card: Card, facts: PciFacts) -> dict[str, dict[str, Any]]:
     if card.driver:
         found["driver"] = _string(card.driver)
     found["tileCount"] = _int(card.tiles)
+    if xe_link_group is not None:
+        found["xeLinkGroup"] = _int(xe_link_group)
     return found
 
 
@@ -121,10 +127,10 @@ def tiles_capacity(tiles: int) -> dict[str, Any]:
     }
 
 
-def device(card: Card, facts: PciFacts) -> dict[str, Any]:
+def device(card: Card, facts: PciFacts, xe_link_group: int | None = None) -> dict[str, Any]:
     return {
         "name": card.name,
-        "attributes": attributes(card, facts),
+        "attributes": attributes(card, facts, xe_link_group),
         "capacity": {
             MEMORY: memory_capacity(card.memory),
             MILLICORES: millicores_capacity(),
@@ -135,7 +141,11 @@ def device(card: Card, facts: PciFacts) -> dict[str, Any]:
 
 
 def slice_spec(
-    node: str, cards: Sequence[Card], facts: Mapping[str, PciFacts], generation: int
+    node: str,
+    cards: Sequence[Card],
+    facts: Mapping[str, PciFacts],
+    generation: int,
+    xe_link_groups: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The spec of the node's one slice; a node without cards keeps an empty slice, so
     consumers see the pool as present and empty rather than the driver as absent."""
@@ -144,7 +154,10 @@ def slice_spec(
         "driver": DRIVER,
         "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
         "nodeName": node,
-        "devices": [device(card, facts.get(card.name, PciFacts())) for card in ordered],
+        "devices": [
+            device(card, facts.get(card.name, PciFacts()), (xe_link_groups or {}).get(card.name))
+            for card in ordered
+        ],
     }
 
 
@@ -154,6 +167,7 @@ def resource_slice(
     cards: Sequence[Card],
     facts: Mapping[str, PciFacts],
     generation: int,
+    xe_link_groups: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The whole object; owned by the Node, so it goes with the node."""
     return {
@@ -171,7 +185,7 @@ def resource_slice(
                 }
             ],
         },
-        "spec": slice_spec(node, cards, facts, generation),
+        "spec": slice_spec(node, cards, facts, generation, xe_link_groups),
     }
 
 

@@ -164,3 +164,25 @@ def test_api_failures_at_start_are_retried(make_rig: Any, apiserver: ApiServerDo
     # Prepares are served while the slice is still being written.
     claim = rig.add_claim("early", [share("gpu", "card0")])
     assert rig.kubelet.prepare([claim]).claims[claim.uid].error == ""
+
+
+def test_xe_link_groups_come_from_the_nodes_label(
+    make_rig: Any, apiserver: ApiServerDouble
+) -> None:
+    rig = make_rig([FakeCard(0), FakeCard(1), FakeCard(2)])
+    apiserver.patch_node("n1", {"metadata": {"labels": {"gpu.intel.com/xe-links": "0.0-2.0"}}})
+    rig.start_registered()
+    devices = {d["name"]: d["attributes"] for d in the_slice(rig)["spec"]["devices"]}
+    assert devices["card0"]["xeLinkGroup"] == devices["card2"]["xeLinkGroup"] == {"int": 0}
+    assert "xeLinkGroup" not in devices["card1"]
+
+
+def test_a_malformed_xe_link_label_publishes_no_groups_and_says_why(
+    make_rig: Any, apiserver: ApiServerDouble
+) -> None:
+    rig = make_rig([FakeCard(0), FakeCard(1)])
+    apiserver.patch_node("n1", {"metadata": {"labels": {"gpu.intel.com/xe-links": "0.0-9.0"}}})
+    rig.start_registered()
+    devices = the_slice(rig)["spec"]["devices"]
+    assert [d for d in devices if "xeLinkGroup" in d["attributes"]] == []
+    wait_for(lambda: "no Xe Link groups published for node n1" in rig.log(), 20, "the warning")

@@ -241,3 +241,39 @@ def test_fields_the_api_server_dropped_are_named() -> None:
         "card1: millicores requestPolicy",
         "card1: tiles requestPolicy",
     ]
+
+
+def test_xe_link_groups_join_linked_cards_and_number_them_by_their_lowest_card() -> None:
+    from gas.core.model import LABEL_XE_LINKS, SpecError, xe_link_groups
+
+    cards = ["card3", "card1", "card0", "card2", "card4"]
+    # Device ids are indices into the numerically sorted cards.
+    assert xe_link_groups({LABEL_XE_LINKS: "0.0-1.0_2.0-3.0"}, cards) == {
+        "card0": 0,
+        "card1": 0,
+        "card2": 2,
+        "card3": 2,
+    }
+    # Through another card: one group. A link within one card joins nothing.
+    assert xe_link_groups({LABEL_XE_LINKS: "2.0-1.0_1.1-0.1_4.0-4.1"}, cards) == {
+        "card0": 0,
+        "card1": 0,
+        "card2": 0,
+    }
+    assert xe_link_groups({LABEL_XE_LINKS: "0.0-1.0"}, ["card5", "card12"]) == {
+        "card5": 5,
+        "card12": 5,
+    }
+    assert xe_link_groups({}, cards) == {}
+    with pytest.raises(SpecError, match="malformed"):
+        xe_link_groups({LABEL_XE_LINKS: "0-1"}, cards)
+    with pytest.raises(SpecError, match="lacks"):
+        xe_link_groups({LABEL_XE_LINKS: "0.0-7.0"}, cards)
+
+
+def test_xe_link_group_is_an_attribute_of_linked_cards_only() -> None:
+    spec = slice_spec("n", [card(0), card(1), card(2)], {}, 1, {"card0": 0, "card1": 0})
+    groups = {d["name"]: d["attributes"].get("xeLinkGroup") for d in spec["devices"]}
+    assert groups == {"card0": {"int": 0}, "card1": {"int": 0}, "card2": None}
+    # A change of groups is a change of devices: a new generation.
+    assert devices_differ(slice_spec("n", [card(0), card(1), card(2)], {}, 1), spec)
