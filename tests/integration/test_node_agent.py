@@ -221,10 +221,14 @@ def test_an_agent_restart_loses_nothing(
     (first,) = rig.kubelet.sync()
     assert first.error == ""
     wait_for(lambda: refusing.hits > 0, what="a gas-node-cards write turned away")
+    registered = len(rig.kubelet.registrations)
     assert rig.agent.stop(signal.SIGKILL) == -signal.SIGKILL
     assert node_cards(apiserver, "two") is None  # lost with the agent
     apiserver.faults.clear()
     rig.agent.start()
+    # The killed agent's endpoint may still look connected until its stream's end is
+    # seen: wait for the new agent's own registration, not just a connected plugin.
+    wait_for(lambda: len(rig.kubelet.registrations) > registered, what="a new registration")
     rig.wait_registered()
     apiserver.add_pod(annotated("next", container("c", i915="1"), node="n1", cards="card1"))
     (result,) = rig.kubelet.sync()
