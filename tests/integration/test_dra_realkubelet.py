@@ -46,13 +46,6 @@ GAS_NAMESPACE = "gas-system"
 STAND_IN = "gas-dra-stand-in"
 
 
-def _skip_reason() -> str | None:
-    reason = realnode.missing()
-    if reason is not None and os.environ.get("CI") and reason != realnode.NOT_ROOT:
-        pytest.fail(f"CI must run the real node: {reason}", pytrace=False)
-    return reason
-
-
 class GasDra:
     """`gas dra` for a RealNode: the kubelet's sockets under its root-dir, containerd's CDI
     folder, a state folder that outlives restarts."""
@@ -118,7 +111,7 @@ class Rig:
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    reason = _skip_reason()
+    reason = realnode.skip_reason()
     if reason is not None:
         pytest.skip(reason)
     work = tmp_path_factory.mktemp("dra-realnode")

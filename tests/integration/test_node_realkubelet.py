@@ -13,7 +13,6 @@ tests share one, in file order, and hold a lock while it lives.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,16 +28,6 @@ from tests.support import realk8s, realnode
 from tests.support.fakesysfs import FakeCard, write_sysfs
 from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.polling import wait_for
-
-
-def _skip_reason() -> str | None:
-    reason = realnode.missing()
-    # CI installs the Debian packages and has the binaries: there only not being root
-    # may excuse the tests.
-    if reason is not None and os.environ.get("CI") and reason != realnode.NOT_ROOT:
-        pytest.fail(f"CI must run the real node: {reason}", pytrace=False)
-    return reason
-
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -96,7 +85,7 @@ def _scheduler_configuration(port: int, tls: TLSFiles) -> str:
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory, tls_files: TLSFiles) -> Iterator[Rig]:
-    reason = _skip_reason()
+    reason = realnode.skip_reason()
     if reason is not None:
         pytest.skip(reason)
     work = tmp_path_factory.mktemp("realnode")

@@ -93,6 +93,18 @@ def missing() -> str | None:
 # ------------------------------------------------------------------------ the image
 
 
+def skip_reason() -> str | None:
+    """Why the real node cannot run here, for a skip; None when it can. CI installs the
+    Debian packages and has the binaries: there only not being root excuses the tests, and
+    anything else fails them."""
+    reason = missing()
+    if reason is not None and os.environ.get("CI") and reason != NOT_ROOT:
+        import pytest
+
+        pytest.fail(f"CI must run the real node: {reason}", pytrace=False)
+    return reason
+
+
 def _tar_member(tar: tarfile.TarFile, name: str, data: bytes | None = None, **fields: Any) -> None:
     info = tarfile.TarInfo(name)
     info.mtime = 0
