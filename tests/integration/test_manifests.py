@@ -474,7 +474,9 @@ def _key(doc: dict[str, Any]) -> tuple[str, str, str]:
     return (doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"])
 
 
-@pytest.mark.parametrize("directory", [KUBEADM, ANY_CLUSTER, KUBEADM_WEBHOOK], ids=_label)
+@pytest.mark.parametrize(
+    "directory", [KUBEADM, ANY_CLUSTER, KUBEADM_WEBHOOK, DRA, DRA_WEBHOOK], ids=_label
+)
 def test_kubectl_kustomize_builds_exactly_the_files(directory: Path, k8s: realk8s.Release) -> None:
     built = kustomize_build(directory, k8s)
     assert sorted(built, key=_key) == sorted(way_documents(directory), key=_key)

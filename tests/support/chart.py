@@ -133,12 +133,12 @@ def comparable(doc: Mapping[str, Any]) -> dict[str, Any]:
     its checksum annotations, a caBundle (deploy/ ships webhook configurations without one)
     and the image pull policy the API server would default to the same. A ConfigMap's
     scheduler configuration is compared as YAML data (deploy/'s has comments)."""
-    doc = copy.deepcopy(dict(doc))
-    metadata = doc["metadata"]
+    doc_ = copy.deepcopy(dict(doc))
+    metadata = doc_["metadata"]
     for label in RELEASE_LABELS:
         metadata.get("labels", {}).pop(label, None)
     _drop_empty(metadata, "labels", "annotations")
-    template_ = doc.get("spec", {}).get("template")
+    template_ = doc_.get("spec", {}).get("template")
     if isinstance(template_, dict):
         annotations = template_.get("metadata", {}).get("annotations", {})
         for name in [a for a in annotations if a.startswith(CHECKSUM_PREFIX)]:
@@ -147,8 +147,8 @@ def comparable(doc: Mapping[str, Any]) -> dict[str, Any]:
         for container in template_["spec"].get("containers", []):
             if container.get("imagePullPolicy") == "IfNotPresent":
                 del container["imagePullPolicy"]
-    for webhook in doc.get("webhooks", []):
+    for webhook in doc_.get("webhooks", []):
         webhook.get("clientConfig", {}).pop("caBundle", None)
-    if doc["kind"] == "ConfigMap" and "config.yaml" in doc.get("data", {}):
-        doc["data"]["config.yaml"] = yaml.safe_load(doc["data"]["config.yaml"])
-    return doc
+    if doc_["kind"] == "ConfigMap" and "config.yaml" in doc_.get("data", {}):
+        doc_["data"]["config.yaml"] = yaml.safe_load(doc_["data"]["config.yaml"])
+    return doc_
