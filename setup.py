@@ -14,7 +14,9 @@ if VERSION is None:
     raise RuntimeError("no __version__ in gas/__init__.py")
 
 setup(
-    name="gas",
+    # PyPI's `gas` is an unrelated project: `pip install gas` must not be the way to get this
+    # one. The import package and the command are still `gas`.
+    name="gas-gpu-sharing",
     version=VERSION.group(1),
     description="GPU-aware scheduler extender for Kubernetes: shares GPUs between pods per card",
     python_requires=">=3.11",

@@ -201,7 +201,7 @@ else
     say "building the dependencies' wheels ($deps)"
     rm -rf "$deps"
     "${pip[@]}" wheel --quiet --wheel-dir "$deps" "$work/src[labeler,node]"
-    rm -f "$deps"/gas-*.whl
+    rm -f "$deps"/gas_gpu_sharing-*.whl
     touch "$deps/.complete"
   fi
   "${pip[@]}" wheel --quiet --no-deps --wheel-dir "$work/gas" "$work/src"
@@ -212,7 +212,7 @@ else
   env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL -u PIP_INDEX_URL PIP_CONFIG_FILE=/dev/null \
     "${pip[@]}" install --quiet --no-index --ignore-installed --no-warn-script-location \
     --root-user-action=ignore --find-links "$deps" --find-links "$work/gas" --prefix "$venv" \
-    "gas[labeler,node]==$version"
+    "gas-gpu-sharing[labeler,node]==$version"
   [ -d "$venv/lib/python3.11/site-packages/gas" ] ||
     { say "pip did not install into $venv/lib/python3.11/site-packages"; exit 1; }
   # The scripts name the python that installed them; in the image it is the virtualenv's.

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 DEFAULT_METRICS_PORT = 9103
 """Beside `gas node`'s 9102: a node runs one or the other, but a port of its own keeps a
 scrape configuration from mixing them up."""
-NODE_EXTRA = "pip install 'gas[node]'"
+NODE_EXTRA = "pip install 'gas-gpu-sharing[node]'"
 EXTRA_MODULES = frozenset({"grpc", "google", "pyudev"})
 
 

@@ -18,7 +18,7 @@ from gas.node.sockets import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
 log = logging.getLogger(__name__)
 
 DEFAULT_METRICS_PORT = 9102
-NODE_EXTRA = "pip install 'gas[node]'"
+NODE_EXTRA = "pip install 'gas-gpu-sharing[node]'"
 EXTRA_MODULES = frozenset({"grpc", "google", "pyudev"})
 """The top-level modules the `node` extra brings (protobuf's is `google`)."""
 

@@ -45,7 +45,7 @@ DRIVERS = ("i915", "xe")
 ENV_MEMORY_RESERVED = "GPU_MEMORY_RESERVED"
 ENV_MEMORY_OVERRIDE = "GPU_MEMORY_OVERRIDE"
 INSTALL_HINT = (
-    "reading GPU cards through udev needs pyudev: pip install 'gas[labeler]' (or "
+    "reading GPU cards through udev needs pyudev: pip install 'gas-gpu-sharing[labeler]' (or "
     "'pyudev>=0.24'), and libudev (Debian: libudev1); --sysfs-root /sys reads the cards from "
     "sysfs without it"
 )

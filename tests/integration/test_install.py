@@ -1,20 +1,24 @@
-"""gas installed as a user installs it: `pip install gas` with no extras.
+"""gas installed as a user installs it: `pip install gas-gpu-sharing` with no extras.
 
 Every command but `gas node` works without grpcio, protobuf and pyudev (the `node` and
 `labeler` extras); `gas node` says which extra to install. The first test checks the import
-structure cheaply, in a process whose imports of those packages fail; the second builds the
-wheel and installs it in a fresh virtualenv, with its dependencies from PyPI.
+structure cheaply, in a process whose imports of those packages fail; the others build the
+wheel, check the name it is published under (PyPI's `gas` is another project) and install it
+in a fresh virtualenv, with its dependencies from PyPI.
 """
 
 from __future__ import annotations
 
+import email.parser
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
 import time
 import venv
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,8 +29,12 @@ from tests.support.fakesysfs import FakeCard, write_sysfs
 from tests.support.gasproc import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-NODE_HINT = "pip install 'gas[node]'"
-LABELER_HINT = "pip install 'gas[labeler]'"
+# The distribution's name; the import package and the command stay `gas`.
+DISTRIBUTION = "gas-gpu-sharing"
+NODE_HINT = f"pip install '{DISTRIBUTION}[node]'"
+LABELER_HINT = f"pip install '{DISTRIBUTION}[labeler]'"
+# `pip install 'NAME[extra,...]'` (or "..."), as gas's messages and the docs write it.
+INSTALL_HINT = re.compile(r"""pip install ['"]([^'"\[\s]+)\[([\w,]+)\]""")
 
 SCHEDULER_CONFIG = """\
 apiVersion: kubescheduler.config.k8s.io/v1
@@ -97,12 +105,12 @@ def test_the_command_line_is_built_without_the_extras() -> None:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh virtualenv with gas's wheel installed, no extras; its bin directory."""
-    work = tmp_path_factory.mktemp("install")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """gas's wheel, built from the tree as pip builds it for a user."""
+    work = tmp_path_factory.mktemp("wheel")
     wheels = work / "wheels"
     # Built from a copy of what the package is made of: setuptools writes build/ and
-    # gas.egg-info beside setup.py, which must not race with anyone else's build here.
+    # gas_gpu_sharing.egg-info beside setup.py, which must not race with anyone else's build here.
     source = work / "source"
     source.mkdir()
     shutil.copy(ROOT / "setup.py", source)
@@ -111,8 +119,14 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
     build = [sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation]
     _check([*build, "--wheel-dir", str(wheels), str(source)])
-    (wheel,) = wheels.glob("gas-*.whl")
-    env_dir = work / "venv"
+    (built,) = wheels.glob("*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtualenv with gas's wheel installed, no extras; its bin directory."""
+    env_dir = tmp_path_factory.mktemp("install") / "venv"
     venv.create(env_dir, with_pip=True)
     bin_dir = env_dir / "bin"
     # Dependencies from the index, through pip's own cache (a second run downloads nothing).
@@ -128,6 +142,39 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout=540,
     )
     return bin_dir
+
+
+def _metadata(wheel: Path) -> email.message.Message:
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        return email.parser.HeaderParser().parsestr(archive.read(name).decode())
+
+
+def _install_hints() -> list[tuple[str, str, str]]:
+    """Every `pip install 'NAME[extras]'` in gas's code and docs: (file, NAME, extras)."""
+    files = [*sorted((ROOT / "gas").rglob("*.py")), ROOT / "README.md"]
+    files += sorted((ROOT / "docs").glob("*.md"))
+    return [
+        (str(path.relative_to(ROOT)), name, extras)
+        for path in files
+        for name, extras in INSTALL_HINT.findall(path.read_text())
+    ]
+
+
+def test_the_wheel_is_gas_gpu_sharing_and_every_install_hint_names_it(wheel: Path) -> None:
+    metadata = _metadata(wheel)
+    assert metadata["Name"] == DISTRIBUTION
+    assert wheel.name.startswith(f"{DISTRIBUTION.replace('-', '_')}-")
+    extras = set(metadata.get_all("Provides-Extra") or [])
+    hints = _install_hints()
+    # The hints of `gas node`, `gas dra` and udev discovery, and the docs' at least.
+    assert len([h for h in hints if h[0].startswith("gas/")]) >= 3, hints
+    # `.` is a clone's own directory (the Dockerfile's, a developer's); any other name is
+    # what pip fetches from PyPI, so it must be this distribution's, with its extras.
+    named = [(where, name) for where, name, _ in hints if name not in (".", metadata["Name"])]
+    assert named == []
+    unknown = [(where, e) for where, _, es in hints for e in es.split(",") if e not in extras]
+    assert unknown == []
 
 
 def _check(command: Sequence[str], timeout: float = 120) -> None:
@@ -152,6 +199,7 @@ def test_a_wheel_installed_without_extras_runs_every_command_but_node(
         text=True,
         check=True,
     ).stdout.lower()
+    assert f"{DISTRIBUTION}==" in pip_list
     assert "grpcio" not in pip_list and "pyudev" not in pip_list and "protobuf" not in pip_list
 
     for args in (

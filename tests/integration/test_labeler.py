@@ -434,7 +434,7 @@ def test_missing_pyudev_says_how_to_install_it(
     args = _args(node="n1", dry_run=True)
     with caplog.at_level(logging.ERROR):
         assert labeler.run(args) == 1
-    assert "pip install 'gas[labeler]'" in caplog.text
+    assert "pip install 'gas-gpu-sharing[labeler]'" in caplog.text
 
 
 # ---------------------------------------------------------------- watching
