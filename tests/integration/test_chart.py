@@ -463,3 +463,36 @@ def test_rendered_scheduler_configuration_passes_check_config(helm: Path, tmp_pa
     # The tag followed the cluster it was rendered for: on an older one it is refused.
     older = check("1.29")
     assert older.returncode == 1 and "newer than the cluster" in older.stdout, older.stdout
+
+
+def _install_commands(text: str) -> list[list[str]]:
+    """The `helm install gas charts/gas ...` commands of a document, one per line."""
+    text = re.sub(r"\\\n\s*", " ", text)
+    commands = []
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("helm install gas charts/gas"):
+            commands.append(line.replace("REGISTRY", "registry.example").split()[3:])
+    return commands
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/helm.md"])
+def test_the_documented_install_commands_render(helm: Path, tmp_path: Path, document: str) -> None:
+    """Every `helm install` the docs give names values the chart has, and renders."""
+    commands = _install_commands((chart.ROOT / document).read_text())
+    assert len(commands) == 3, commands
+    for args in commands:
+        rendered = chart.run_helm(
+            helm,
+            ["template", "gas", str(chart.CHART), *args[1:], "--kube-version", "1.37.2"],
+            chart.helm_env(tmp_path),
+        ).stdout
+        docs = [d for d in yaml.safe_load_all(rendered) if d]
+        images = {
+            c["image"]
+            for d in docs
+            if d["kind"] in ("Deployment", "DaemonSet")
+            for c in d["spec"]["template"]["spec"]["containers"]
+            if c["name"] != "kube-scheduler"
+        }
+        assert images == {f"registry.example/gas:{gas.__version__}"}, args
