@@ -191,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS = {
     "certs": (
         "gas.tools.certs",
-        "generate the CA, gas's server certificate and kube-scheduler's client certificate",
+        "generate the CA, gas's server certificate, kube-scheduler's client certificate, and "
+        "the admission webhook's certificate and its configuration (with the CA as caBundle)",
     ),
     "check-config": (
         "gas.tools.checkconfig.command",

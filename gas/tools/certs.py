@@ -31,7 +31,15 @@ CLIENT_COMMON_NAME = "kube-scheduler"
 CA_COMMON_NAME = "gas CA"
 WEBHOOK_SECRET = "gas-webhook-tls"
 GAS_SECRET = "gas-tls"
+# The namespace of both ways' workloads and Secrets, and the manifest that makes it.
+GAS_NAMESPACE = "gas-system"
+NAMESPACE_FILE = "deploy/namespace/namespace.yaml"
 ANY_CLUSTER_DIR = "deploy/any-cluster"
+# What the printed steps have `gas check-config` check before anything is installed: the
+# scheduler configuration each way installs (and the Deployment that runs the any-cluster one).
+ANY_CLUSTER_SCHEDULER_CONFIG = f"{ANY_CLUSTER_DIR}/scheduler-config.yaml"
+ANY_CLUSTER_DEPLOYMENT = f"{ANY_CLUSTER_DIR}/deployment.yaml"
+KUBEADM_SCHEDULER_CONFIG = "extender-configuration/scheduler-config.yaml"
 KUBEADM_WEBHOOK_DIR = "deploy/kubeadm-webhook"
 DRA_DIR = "deploy/dra"
 DRA_WEBHOOK_DIR = "deploy/dra-webhook"
@@ -345,7 +353,7 @@ def _report(plan: Plan, written: list[tuple[str, str]]) -> None:
 
 def _gas_tls_command(plan: Plan, names: tuple[str, ...]) -> str:
     files = " ".join(f"--from-file={shlex.quote(plan.path(name))}" for name in names)
-    return f"   kubectl -n gas-system create secret generic {GAS_SECRET} {files}"
+    return f"   kubectl -n {GAS_NAMESPACE} create secret generic {GAS_SECRET} {files}"
 
 
 def _webhook_secret_command(plan: Plan) -> str:
@@ -356,21 +364,34 @@ def _webhook_secret_command(plan: Plan) -> str:
     )
 
 
+def _namespace_commands(plan: Plan, webhook: bool) -> list[str]:
+    """The namespaces the Secrets go into: they must exist before the Secrets do, and the
+    manifests that would make gas-system come after them."""
+    commands = [f"   kubectl apply -f {NAMESPACE_FILE}"]
+    if webhook and plan.webhook_namespace != GAS_NAMESPACE:
+        commands.append(f"   kubectl create namespace {shlex.quote(plan.webhook_namespace)}")
+    return commands
+
+
 def _report_any_cluster(plan: Plan) -> None:
     print(f"Any cluster ({ANY_CLUSTER_DIR}: no control-plane node is edited):")
+    print("1. The namespace of the Secrets:")
+    print("\n".join(_namespace_commands(plan, webhook=True)))
     print(
-        f"1. The Secret {GAS_SECRET}: gas's certificate, and kube-scheduler's client "
+        f"2. The Secret {GAS_SECRET}: gas's certificate, and kube-scheduler's client "
         "certificate for its container in the same pod:"
     )
     print(_gas_tls_command(plan, ANY_CLUSTER_GAS_TLS))
-    print(f"2. The admission webhook's Secret {WEBHOOK_SECRET}:")
+    print(f"3. The admission webhook's Secret {WEBHOOK_SECRET}:")
     print(_webhook_secret_command(plan))
-    print("3. The scheduler, gas and the webhook (Deployment gas-scheduler):")
+    print("4. Check the scheduler's configuration against the Deployment that runs it:")
+    print(f"   gas check-config {ANY_CLUSTER_SCHEDULER_CONFIG} {ANY_CLUSTER_DEPLOYMENT}")
+    print("5. The scheduler, gas and the webhook (Deployment gas-scheduler), until Ready:")
     print(f"   kubectl apply -k {ANY_CLUSTER_DIR}")
-    print("   kubectl -n gas-system rollout status deployment/gas-scheduler")
+    print(f"   kubectl -n {GAS_NAMESPACE} rollout status deployment/gas-scheduler")
     print(
-        "4. Once it is Ready, register the webhook with its caBundle (until it answers, "
-        "GPU pods are refused: failurePolicy Fail):"
+        "6. Then register the webhook with its caBundle (until it answers, GPU pods are "
+        "refused: failurePolicy Fail):"
     )
     print(f"   kubectl apply -f {shlex.quote(plan.path(WEBHOOK_CONFIGURATION_FILE))}")
 
@@ -391,29 +412,50 @@ def _report_dra_claims(plan: Plan) -> None:
 
 def _report_kubeadm(plan: Plan) -> None:
     q = {name: shlex.quote(plan.path(name)) for name in FILE_NAMES}
+    webhook = plan.validating_webhook
     print("kubeadm (deploy/: gas as the default scheduler's extender):")
-    print(f"1. The Secret {GAS_SECRET} that gas's Deployment mounts, then gas:")
-    print(_gas_tls_command(plan, KUBEADM_GAS_TLS))
-    print("   kubectl apply -k deploy/")
+    print("1. The namespace of the Secrets:")
+    print("\n".join(_namespace_commands(plan, webhook)))
+    if webhook:
+        print(
+            f"2. The Secret {GAS_SECRET} that gas's Deployment mounts, and the Secret "
+            f"{WEBHOOK_SECRET} of the validating webhook ({KUBEADM_WEBHOOK_DIR}):"
+        )
+        print(_gas_tls_command(plan, KUBEADM_GAS_TLS))
+        print(_webhook_secret_command(plan))
+    else:
+        print(f"2. The Secret {GAS_SECRET} that gas's Deployment mounts:")
+        print(_gas_tls_command(plan, KUBEADM_GAS_TLS))
     print(
-        f"2. Copy ca.crt, client.crt and client.key to {NODE_CERT_DIR}/ on every "
-        "control-plane node (the paths in extender-configuration/scheduler-config.yaml), "
-        "then run sudo ./scripts/configure-scheduler.sh there:"
+        "3. Check the configuration each control-plane node's kube-scheduler is to load "
+        f"({KUBEADM_SCHEDULER_CONFIG}):"
+    )
+    print(f"   gas check-config {KUBEADM_SCHEDULER_CONFIG}")
+    if webhook:
+        print("4. gas and the webhook, until they are Ready:")
+        print("   kubectl apply -k deploy/")
+        print(f"   kubectl apply -k {KUBEADM_WEBHOOK_DIR}")
+        print(f"   kubectl -n {GAS_NAMESPACE} rollout status deployment/gas")
+        print(f"   kubectl -n {GAS_NAMESPACE} rollout status deployment/gas-webhook")
+    else:
+        print("4. gas, until it is Ready:")
+        print("   kubectl apply -k deploy/")
+        print(f"   kubectl -n {GAS_NAMESPACE} rollout status deployment/gas")
+    print(
+        f"5. Copy ca.crt, client.crt and client.key to {NODE_CERT_DIR}/ on every "
+        f"control-plane node (the paths in {KUBEADM_SCHEDULER_CONFIG}), then run "
+        "sudo ./scripts/configure-scheduler.sh there, which makes its kube-scheduler call gas:"
     )
     print(f"   sudo install -d -m 0700 {NODE_CERT_DIR}")
     print(f"   sudo install -m 0644 {q['ca.crt']} {q['client.crt']} {NODE_CERT_DIR}/")
     print(f"   sudo install -m 0600 {q['client.key']} {NODE_CERT_DIR}/")
-    if plan.validating_webhook:
-        print(
-            f"3. Optional, the validating webhook ({KUBEADM_WEBHOOK_DIR}): its Secret "
-            f"{WEBHOOK_SECRET}, then, once it is Ready, its configuration with its caBundle:"
-        )
-        print(_webhook_secret_command(plan))
-        print(f"   kubectl apply -k {KUBEADM_WEBHOOK_DIR}")
+    print("   sudo ./scripts/configure-scheduler.sh")
+    if webhook:
+        print("6. Then register the validating webhook with its caBundle:")
         print(f"   kubectl apply -f {q[WEBHOOK_CONFIGURATION_FILE]}")
     else:
         print(
-            f"3. Optional, the validating webhook ({KUBEADM_WEBHOOK_DIR}): its configuration "
+            f"Optional, the validating webhook ({KUBEADM_WEBHOOK_DIR}): its configuration "
             f"comes from gas certs --validatingWebhook ({WEBHOOK_CONFIGURATION_FILE} here "
             "is the any-cluster way's)."
         )

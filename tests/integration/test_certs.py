@@ -6,11 +6,13 @@ from __future__ import annotations
 import base64
 import datetime
 import ipaddress
+import shlex
 import shutil
 import socket
 import ssl
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +29,7 @@ from gas import cli
 from gas.serving import tls
 from gas.tools.certs import DEFAULT_DNS, FILE_NAMES
 from gas.tools.webhook_config import webhook_configuration
+from tests.support import realk8s
 from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.webhookproc import WebhookProcess
 
@@ -205,6 +208,125 @@ def test_prints_each_ways_follow_up_commands_as_its_manifests_mount_the_files(
         assert f"/etc/kubernetes/gas/{name}" in config
         assert str(pki / name) in kubeadm.split("2.", 1)[1]
     assert "/etc/kubernetes/gas" not in any_cluster
+
+
+def _commands(way: str) -> list[str]:
+    """The commands of one way's printed steps, in order (each indented under its step)."""
+    return [line.strip() for line in way.splitlines() if line.startswith("   ")]
+
+
+def _first(commands: list[str], start: str) -> int:
+    (index, *_) = [i for i, c in enumerate(commands) if c.startswith(start)]
+    return index
+
+
+@pytest.mark.parametrize(
+    ("flags", "title", "check", "apply", "deployment"),
+    [
+        (
+            [],
+            "Any cluster",
+            "gas check-config deploy/any-cluster/scheduler-config.yaml "
+            "deploy/any-cluster/deployment.yaml",
+            "kubectl apply -k deploy/any-cluster",
+            "gas-scheduler",
+        ),
+        (
+            [],
+            "kubeadm",
+            "gas check-config extender-configuration/scheduler-config.yaml",
+            "kubectl apply -k deploy/",
+            "gas",
+        ),
+        (
+            ["--validatingWebhook"],
+            "kubeadm",
+            "gas check-config extender-configuration/scheduler-config.yaml",
+            "kubectl apply -k deploy/",
+            "gas",
+        ),
+    ],
+    ids=["any-cluster", "kubeadm", "kubeadm-webhook"],
+)
+def test_each_ways_steps_go_from_nothing_in_an_order_that_works(
+    flags: list[str],
+    title: str,
+    check: str,
+    apply: str,
+    deployment: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The namespace, then the Secrets in it, then the configuration checked before it is
+    installed, then the workloads, waited for, and only then the webhook's configuration
+    (failurePolicy Fail: registered before its pods answer, it would refuse GPU pods)."""
+    status, out, _ = run_certs(capsys, "--out", str(tmp_path), *flags)
+    assert status == 0
+    commands = _commands(_way(out, title))
+    namespace = _first(commands, "kubectl apply -f deploy/namespace/namespace.yaml")
+    secrets = [i for i, c in enumerate(commands) if " create secret " in c]
+    assert namespace < min(secrets)
+    assert max(secrets) < _first(commands, check) < _first(commands, apply)
+    wait = _first(commands, f"kubectl -n gas-system rollout status deployment/{deployment}")
+    assert _first(commands, apply) < wait
+    configuration = f"kubectl apply -f {tmp_path / 'webhook-configuration.yaml'}"
+    if title == "Any cluster" or flags:
+        assert wait < _first(commands, configuration) == len(commands) - 1
+    else:
+        assert configuration not in commands
+    if title == "kubeadm":
+        # kube-scheduler calls gas once it loads the configuration: gas must answer first.
+        assert wait < _first(commands, "sudo ./scripts/configure-scheduler.sh")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    ("flags", "title"),
+    [([], "Any cluster"), (["--validatingWebhook"], "kubeadm")],
+    ids=["any-cluster", "kubeadm-webhook"],
+)
+def test_each_ways_printed_commands_run_on_a_new_cluster(
+    flags: list[str],
+    title: str,
+    k8s: realk8s.Release,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every command of a way's steps, as printed, against a real kube-apiserver that holds
+    nothing of gas yet. Not run: the rollout's wait (no kubelet here runs a pod: the
+    Deployment is looked up instead), and the commands for the control-plane nodes' files
+    (test_configure_scheduler.py runs configure-scheduler.sh)."""
+    status, out, _ = run_certs(capsys, "--out", str(tmp_path / "pki"), *flags)
+    assert status == 0
+    with realk8s.ControlPlane(tmp_path / "plane", version=k8s.version) as plane:
+        kubectl = [str(realk8s.binary("kubectl", k8s.version)), "--kubeconfig"]
+        for command in _commands(_way(out, title)):
+            words = shlex.split(command)
+            if words[0] == "sudo":
+                continue
+            if words[:4] == ["kubectl", "-n", "gas-system", "rollout"]:
+                words = ["kubectl", "-n", "gas-system", "get", words[-1]]
+            if words[0] == "kubectl":
+                words = [*kubectl, plane.admin_kubeconfig, *words[1:]]
+            else:
+                assert words[0] == "gas", command
+                words = [sys.executable, "-m", "gas.cli", *words[1:]]
+            done = subprocess.run(words, cwd=REPO, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, f"{command}:\n{done.stdout}{done.stderr}"
+        secrets = plane.kubectl("-n", "gas-system", "get", "secrets", "-o", "name").stdout
+        assert "secret/gas-tls" in secrets.split() and "secret/gas-webhook-tls" in secrets.split()
+        kind = "validating" if flags else "mutating"
+        plane.kubectl("get", f"{kind}webhookconfiguration", "gas-webhook")
+
+
+def test_gas_help_says_what_certs_writes() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "gas.cli", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    words = " ".join(done.stdout.split())
+    certs = words.split(" certs ", 1)[1].split(" check-config ", 1)[0]
+    assert "the admission webhook's certificate and its configuration" in certs, certs
 
 
 def test_custom_names_days_and_rsa(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
