@@ -108,6 +108,18 @@ def test_kube_scheduler_tag_follows_the_cluster(
     assert _rendered_image(docs, "kube-scheduler") == f"{SCHEDULER_IMAGE}:{tag}"
 
 
+def test_a_cluster_without_a_version_stamp_installs_with_the_tag_set(
+    helm: Path, tmp_path: Path
+) -> None:
+    values = {"scheduler": {"image": {"tag": "v1.28.7"}}, "dra": {"enabled": True}}
+    values |= {"scheduling": "none", "nodeSide": "none"}
+    assert chart.template(helm, tmp_path, values, kube_version="0.0.0-master+c8dcb00")
+    docs = chart.template(
+        helm, tmp_path, {"scheduler": {"image": {"tag": "v1.28.7"}}}, kube_version="0.0.0-master"
+    )
+    assert _rendered_image(docs, "kube-scheduler") == f"{SCHEDULER_IMAGE}:v1.28.7"
+
+
 def test_kube_scheduler_tag_and_gas_image_can_be_set(helm: Path, tmp_path: Path) -> None:
     values = {
         "scheduler": {"image": {"tag": "v1.36.3"}},
@@ -312,6 +324,9 @@ def test_schema_policies_are_gas_serves() -> None:
         ({"dra": {"enabled": True, "claimsWebhook": True}}, "1.37.2", "needs scheduling: none"),
         ({"kubeadm": {"validatingWebhook": True}}, "1.37.2", "is for scheduling: kubeadm"),
         ({"dra": {"enabled": True}}, "1.33.4", "1.34 or later"),
+        ({}, "1.27.3", "gas needs Kubernetes 1.28 or later"),
+        # A build without a version stamp: kube-scheduler's tag cannot follow it.
+        ({}, "0.0.0-master+c8dcb00", "set scheduler.image.tag"),
     ],
 )
 def test_combinations_that_cannot_work_are_refused(

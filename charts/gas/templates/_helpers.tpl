@@ -23,12 +23,17 @@ kube-scheduler's image: its tag follows the cluster's version, vendor suffix dro
 {{- $tag := .Values.scheduler.image.tag -}}
 {{- if not $tag -}}
 {{- $tag = regexFind "^v?[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version -}}
-{{- if not $tag -}}
-{{- fail (printf "cannot read a version from the cluster's %q: set scheduler.image.tag" .Capabilities.KubeVersion.Version) -}}
+{{- if or (not $tag) (not (include "gas.knownVersion" .)) -}}
+{{- fail (printf "the cluster reports no version kube-scheduler's image could be named by (%q): set scheduler.image.tag to the cluster's (e.g. v1.33.2)" .Capabilities.KubeVersion.Version) -}}
 {{- end -}}
 {{- if not (hasPrefix "v" $tag) -}}{{- $tag = printf "v%s" $tag -}}{{- end -}}
 {{- end -}}
 {{ .Values.scheduler.image.repository }}:{{ $tag }}
+{{- end -}}
+
+{{/* Whether the cluster says its version: a build without a version stamp says v0.0.0. */}}
+{{- define "gas.knownVersion" -}}
+{{- if not (hasPrefix "v0.0.0" .Capabilities.KubeVersion.Version) -}}true{{- end -}}
 {{- end -}}
 
 {{- define "gas.pullSecrets" -}}
@@ -75,7 +80,11 @@ Combinations that cannot work, refused before anything is applied.
 {{- if and .Values.kubeadm.validatingWebhook (ne .Values.scheduling "kubeadm") -}}
 {{- fail "kubeadm.validatingWebhook is for scheduling: kubeadm (the any-cluster way runs its webhook in the gas-scheduler pods)" -}}
 {{- end -}}
-{{- if and .Values.dra.enabled (not (semverCompare ">=1.34.0-0" .Capabilities.KubeVersion.Version)) -}}
+{{- $known := include "gas.knownVersion" . -}}
+{{- if and $known (not (semverCompare ">=1.28.0-0" .Capabilities.KubeVersion.Version)) -}}
+{{- fail (printf "gas needs Kubernetes 1.28 or later (the webhook's matchConditions, the scheduler configuration's v1 API); this cluster is %s" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- if and $known .Values.dra.enabled (not (semverCompare ">=1.34.0-0" .Capabilities.KubeVersion.Version)) -}}
 {{- fail (printf "dra.enabled needs Kubernetes 1.34 or later (resource.k8s.io/v1); this cluster is %s" .Capabilities.KubeVersion.Version) -}}
 {{- end -}}
 {{- end -}}
