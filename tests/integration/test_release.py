@@ -1,6 +1,7 @@
 """One version: gas/__init__.py's. `gas --version`, the package setup.py builds, the image tag
 scripts/build-image.sh gives, and every image of gas that deploy/ names (its kustomizations'
-`images:` and the manifests themselves) all say it."""
+`images:` and the manifests themselves), and the Helm chart's version and appVersion all
+say it."""
 
 from __future__ import annotations
 
@@ -95,3 +96,16 @@ def test_every_manifest_runs_this_release_of_gas() -> None:
     assert ours, "no manifest under deploy/ runs the gas image"
     for path, image in ours:
         assert image == f"{IMAGE}:{__version__}", f"{path.relative_to(ROOT)}: {image}"
+
+
+def test_the_chart_is_gas_version_and_runs_its_image() -> None:
+    """charts/gas's version and appVersion are gas's, and its image tag defaults to the
+    appVersion (`helm package` then names the archive gas-<version>.tgz: test_chart.py)."""
+    chart = yaml.safe_load((ROOT / "charts" / "gas" / "Chart.yaml").read_text())
+    assert (chart["name"], chart["version"], chart["appVersion"]) == (
+        "gas",
+        __version__,
+        __version__,
+    )
+    values = yaml.safe_load((ROOT / "charts" / "gas" / "values.yaml").read_text())
+    assert values["image"] == {"repository": IMAGE, "tag": "", "pullPolicy": "IfNotPresent"}
