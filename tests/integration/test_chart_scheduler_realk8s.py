@@ -50,6 +50,8 @@ NAMESPACE = chart.NAMESPACE
 @dataclass
 class Installed:
     plane: realk8s.ControlPlane
+    helm: Path
+    home: Path
     deployment: dict[str, Any]
     config: dict[str, Any]
     secrets: dict[str, dict[str, bytes]]
@@ -85,7 +87,8 @@ def installed(
             for name in ("gas-tls", "gas-webhook-tls")
         }
         config = yaml.safe_load(read("configmap", "gas-scheduler-config")["data"]["config.yaml"])
-        yield Installed(plane, read("deployment", "gas-scheduler"), config, secrets)
+        deployment = read("deployment", "gas-scheduler")
+        yield Installed(plane, helm, home, deployment, config, secrets)
 
 
 def _container(installed: Installed, name: str) -> dict[str, Any]:
@@ -230,3 +233,17 @@ def test_the_installed_chart_schedules_gpu_pods_through_gas_and_refuses_what_nev
         assert message.startswith('admission webhook "gpu-pods.gas.intel.com" denied'), message
         assert "init container 'setup' requests GPU resources" in message, message
         assert "Forbidden" not in gas.log()
+
+
+def test_a_second_release_is_refused_before_it_changes_anything(installed: Installed) -> None:
+    """Two gas would keep separate books of the same cards: the chart's cluster-wide
+    objects have fixed names, so helm refuses a second release that would take them over."""
+    plane = installed.plane
+    before = plane.kubectl("get", "clusterrole", "gas", "-o", "json").stdout
+    env = chart.helm_env(installed.home, Path(plane.admin_kubeconfig))
+    install = ["install", "gas-again", str(chart.CHART), "-n", "gpu", "--create-namespace"]
+    install += ["--set", "scheduler.image.tag=v1.28.7"]
+    with pytest.raises(chart.HelmError, match=r'ClusterRole "gas".*cannot be imported'):
+        chart.run_helm(installed.helm, install, env)
+    assert plane.kubectl("get", "clusterrole", "gas", "-o", "json").stdout == before
+    assert plane.kubectl("get", "deployments", "-n", "gpu", "-o", "name").stdout == ""
