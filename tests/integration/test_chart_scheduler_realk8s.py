@@ -29,17 +29,16 @@ import yaml
 from kubernetes import client
 from kubernetes.client import ApiException
 
-from gas.core.model import ANNOTATION_CARDS
 from tests.integration.test_any_cluster_realk8s import (
     SCHEDULER,
     _gpu_node,
+    _gpu_pod_bound_by_gas,
     _namespace,
     _pod,
     token_kubeconfig,
 )
 from tests.support import chart, helmtools, realk8s
 from tests.support.gasproc import GasProcess, TLSFiles
-from tests.support.polling import wait_for
 from tests.support.webhookproc import WebhookProcess
 
 pytestmark = [pytest.mark.timeout(150)]
@@ -202,22 +201,9 @@ def test_the_installed_chart_schedules_gpu_pods_through_gas_and_refuses_what_nev
         )
         stack.callback(scheduler.stop)
 
-        body: Any = _pod("gpu", None)
-        created = core.create_namespaced_pod("team-a", body).to_dict()
-        assert created["spec"]["scheduler_name"] == SCHEDULER
-
-        def bound() -> dict[str, Any] | None:
-            pod = core.read_namespaced_pod("gpu", "team-a").to_dict()
-            return pod if pod["spec"]["node_name"] else None
-
-        try:
-            pod = wait_for(bound, timeout=60, what="the GPU pod bound")
-        except TimeoutError as exc:
-            raise AssertionError(
-                f"not bound\nkube-scheduler:\n{scheduler.tail()}\ngas:\n{gas.log()[-4000:]}"
-            ) from exc
-        assert pod["spec"]["node_name"] == "gpu-1"
-        assert pod["metadata"]["annotations"][ANNOTATION_CARDS] == "card0"
+        # The same checks as deploy/'s profile: a GPU pod with no schedulerName sent to
+        # gas-scheduler and bound by gas, its Lease, its Event, the plain pod left alone.
+        _gpu_pod_bound_by_gas(plane, core, gas, scheduler, secure)
 
         # A pod gas can never place (an init container asking for a GPU): refused at
         # creation, with gas's reason.
