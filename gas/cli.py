@@ -114,11 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="run the extender",
         description=(
-            "Run the scheduler extender over HTTPS. Without a kubeconfig and outside a "
-            "cluster (or with --demo) it serves a built-in in-memory demo cluster."
+            "Run the scheduler extender over HTTPS for the cluster of --kubeConfig (else "
+            "KUBECONFIG, else the pod gas runs in), or with --demo for a built-in in-memory "
+            "demo cluster."
         ),
     )
-    serve.add_argument("--kubeConfig", help="kubeconfig file (default: in-cluster config)")
+    serve.add_argument(
+        "--kubeConfig", help="kubeconfig file (default: KUBECONFIG, else in-cluster config)"
+    )
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="listen port (9001)")
     serve.add_argument(
         "--host", default=None, help="listen address (0.0.0.0; 127.0.0.1 in demo mode)"

@@ -1,8 +1,8 @@
 """The built-in demo cluster: nodes and pods held in memory, loaded from a YAML file.
 
-It stands in for a real cluster when gas runs without a kubeconfig, so a new user can
-send filter and bind requests and watch cards being handed out. A bind stores the pod as
-bound, with its annotations, and feeds it to the ledger as the watch would.
+It stands in for a real cluster under `gas serve --demo`, so a new user can send filter and
+bind requests and watch cards being handed out. A bind stores the pod as bound, with its
+annotations, and feeds it to the ledger as the watch would.
 """
 
 from __future__ import annotations

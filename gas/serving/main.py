@@ -79,8 +79,8 @@ class WorkerPlan:
 
 
 def run(args: argparse.Namespace, version: str) -> int:
-    """Serve until stopped (0), or the exit status when gas cannot start: 1 when the
-    cluster's configuration cannot be loaded, 2 for flags that do not go together.
+    """Serve until stopped (0), or the exit status when gas cannot start: 1 when there is
+    no cluster's configuration or it cannot be loaded, 2 for flags that do not go together.
     `version` is gas's, for the log."""
     try:
         demo = use_demo(args)
@@ -134,7 +134,10 @@ def run(args: argparse.Namespace, version: str) -> int:
 
 
 def use_demo(args: argparse.Namespace) -> bool:
-    """--demo, or neither a kubeconfig nor a pod's service account to reach a cluster."""
+    """--demo; otherwise a kubeconfig or a pod's service account must reach a cluster.
+
+    Never the demo by default: a gas that lost its kubeconfig would otherwise answer
+    kube-scheduler from made-up nodes."""
     if args.demo:
         return True
     if args.kubeConfig or os.environ.get("KUBECONFIG"):
@@ -143,8 +146,11 @@ def use_demo(args: argparse.Namespace) -> bool:
 
     if in_cluster():
         return False
-    log.info("no kubeconfig and not in a cluster: serving the built-in demo cluster")
-    return True
+    raise StartupError(
+        "no cluster to serve: no --kubeConfig or KUBECONFIG, and not in a pod (no in-cluster "
+        "configuration); --demo serves the built-in demo cluster",
+        1,
+    )
 
 
 def load_demo(path: str | None) -> dict[str, Any]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +32,11 @@ GPU_POD: dict[str, Any] = {
 
 @pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
 def test_demo_quick_start_filters_and_binds_over_https(tmp_path: Path) -> None:
-    """No kubeconfig, no flags: the built-in demo cluster, a throwaway certificate, HTTPS."""
+    """`gas serve --demo`, as scripts/run-demo.sh runs it: the built-in demo cluster, a
+    throwaway certificate, HTTPS."""
     port = free_port()
     user = subprocess.Popen(
-        [sys.executable, "-m", "gas.cli", "serve", "--port", str(port)],
+        [sys.executable, "-m", "gas.cli", "serve", "--demo", "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
@@ -77,7 +80,7 @@ def test_demo_quick_start_filters_and_binds_over_https(tmp_path: Path) -> None:
     finally:
         user.terminate()
         output = user.communicate(timeout=20)[0].decode()
-    assert "built-in demo cluster" in output
+    assert f"serving https://127.0.0.1:{port} (demo cluster)" in output
     assert "self-signed certificate" in output
 
 
@@ -141,6 +144,43 @@ def test_https_without_certificate_outside_demo_is_a_clear_error(tmp_path: Path)
     result = _run(["serve", "--kubeConfig", str(kubeconfig), "--port", str(free_port())], tmp_path)
     assert result.returncode == 2
     assert "HTTPS needs --cert and --key" in result.stderr
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(1)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_no_cluster_without_demo_is_a_one_line_error_and_serves_nothing(tmp_path: Path) -> None:
+    """Neither a kubeconfig (no --kubeConfig, no KUBECONFIG, an empty HOME) nor a pod's
+    service account (no KUBERNETES_SERVICE_HOST): gas says so and stops, rather than serve
+    the demo cluster to a kube-scheduler that expects its real one."""
+    port = free_port()
+    user = subprocess.Popen(
+        [sys.executable, "-m", "gas.cli", "serve", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while user.poll() is None and time.monotonic() < deadline:
+            assert not _listening(port), "gas serve listens with no cluster to serve"
+            time.sleep(0.05)
+    finally:
+        if user.poll() is None:
+            user.kill()
+        out, err = user.communicate(timeout=20)
+    assert user.returncode == 1, out + err
+    assert not _listening(port)
+    (error,) = err.splitlines()
+    assert error.endswith(
+        "ERROR gas: no cluster to serve: no --kubeConfig or KUBECONFIG, and not in a pod (no "
+        "in-cluster configuration); --demo serves the built-in demo cluster"
+    ), err
+    assert out == ""
 
 
 def test_unreadable_kubeconfig_is_a_clear_error(tmp_path: Path) -> None:
