@@ -11,8 +11,10 @@ The health port is served by the worker's serving loop beside the main port.
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
+import shutil
 import socket
 import tempfile
 from dataclasses import dataclass
@@ -177,12 +179,66 @@ def tls_files(args: argparse.Namespace, demo: bool) -> tuple[str | None, str | N
     if not args.unsafe and not (cert and key):
         if not demo:
             raise StartupError("HTTPS needs --cert and --key (or --unsafe for plain HTTP)", 2)
-        directory = tempfile.mkdtemp(prefix="gas-demo-tls-")
-        cert, key = tls.write_self_signed(directory, ["localhost"])
-        log.info("demo mode: generated a throwaway self-signed certificate %s", cert)
+        cert, key = demo_certificate()
     if not args.unsafe and not args.cacert:
         log.warning("no --cacert: client certificates are not verified")
     return cert, key
+
+
+def demo_certificate() -> tuple[str, str]:
+    """A throwaway self-signed certificate for localhost and its key, as paths the TLS
+    context loads: in memory where Linux's memfd_create allows, else in a temporary folder
+    removed when gas exits."""
+    cert, key = tls.self_signed_pem(["localhost"])
+    if hasattr(os, "memfd_create"):
+        try:
+            paths = _memory_file(cert), _memory_file(key)
+        except OSError as exc:
+            log.debug("the demo certificate cannot be held in memory: %s", exc)
+        else:
+            where = paths[0].replace("/proc/self/", f"/proc/{os.getpid()}/")
+            log.info(
+                "demo mode: a throwaway self-signed certificate, in memory only (%s while gas "
+                "runs)",
+                where,
+            )
+            return paths
+    directory = tempfile.mkdtemp(prefix="gas-demo-tls-")
+    owner = os.getpid()
+
+    def remove() -> None:
+        # gunicorn's workers are forked from this process and inherit the hook: a worker's
+        # exit must not take the key from the worker that replaces it. The master, this
+        # process, leaves through sys.exit on SIGTERM and SIGINT too.
+        if os.getpid() == owner:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    atexit.register(remove)
+    paths = os.path.join(directory, "tls.crt"), os.path.join(directory, "tls.key")
+    for path, pem in zip(paths, (cert, key), strict=True):
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+            f.write(pem)
+    log.info("demo mode: a throwaway self-signed certificate %s, removed when gas exits", paths[0])
+    return paths
+
+
+def _memory_file(content: bytes) -> str:
+    """`content` in an anonymous file, and a path that opens it in this process and in the
+    gunicorn worker forked from it, which inherits the descriptor. The file lives as long as
+    a process holds it: however gas ends, even killed, it leaves no key behind."""
+    # Close-on-exec, memfd_create's default: a program gas starts does not get the key.
+    fd = os.memfd_create("gas-demo-tls")
+    path = f"/proc/self/fd/{fd}"
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(os.dup(fd), "wb") as f:
+            f.write(content)
+        if not os.path.exists(path):
+            raise OSError(f"no {path} to open it by")
+    except OSError:
+        os.close(fd)
+        raise
+    return path
 
 
 def election_config(args: argparse.Namespace, demo: bool) -> tuple[ElectionConfig, str] | None:

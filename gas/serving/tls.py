@@ -46,6 +46,7 @@ __all__ = [
     "new_ca",
     "new_private_key",
     "self_signed_certificate",
+    "self_signed_pem",
     "server_ssl_context",
     "split_hosts",
     "write_pem",
@@ -608,12 +609,27 @@ def write_self_signed(
     """
     target = os.fspath(directory)
     os.makedirs(target, mode=0o700, exist_ok=True)
-    extra = list(hostnames)
-    dns, ips = split_hosts(["localhost", "127.0.0.1", "::1", *extra])
-    common_name = next(iter(split_hosts(extra)[0]), "localhost")
-    cert, key = self_signed_certificate(common_name, dns, ips, days=days, key_type=key_type)
+    cert, key = _throwaway(hostnames, days, key_type)
     certfile = os.path.join(target, "tls.crt")
     keyfile = os.path.join(target, "tls.key")
     write_pem(keyfile, key, private=True)
     write_pem(certfile, cert)
     return certfile, keyfile
+
+
+def self_signed_pem(
+    hostnames: Iterable[str] = (), *, days: int = 365, key_type: KeyType = "ec"
+) -> tuple[bytes, bytes]:
+    """A throwaway self-signed server certificate and its key, as PEM, for the names of
+    ``write_self_signed``, for a caller that keeps them out of the file system."""
+    cert, key = _throwaway(hostnames, days, key_type)
+    return _pem_bytes(cert), _pem_bytes(key)
+
+
+def _throwaway(
+    hostnames: Iterable[str], days: int, key_type: KeyType
+) -> tuple[x509.Certificate, GeneratedKey]:
+    extra = list(hostnames)
+    dns, ips = split_hosts(["localhost", "127.0.0.1", "::1", *extra])
+    common_name = next(iter(split_hosts(extra)[0]), "localhost")
+    return self_signed_certificate(common_name, dns, ips, days=days, key_type=key_type)

@@ -1,8 +1,13 @@
-"""`gas serve` as a user starts it: the demo quick start, GAS-style flags, clear failures."""
+"""`gas serve` as a user starts it: the demo quick start, GAS-style flags, clear failures,
+and a demo certificate that does not outlive gas."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import ssl
+import stat
 import subprocess
 import sys
 import time
@@ -13,7 +18,7 @@ import pytest
 import requests
 
 from gas.cli import _go_style, build_parser
-from tests.support.gasproc import free_port
+from tests.support.gasproc import child_pids, free_port
 
 GPU_POD: dict[str, Any] = {
     "metadata": {"name": "demo-pod", "namespace": "default", "uid": "uid-demo-pod"},
@@ -207,3 +212,125 @@ def test_a_limit_that_makes_no_sense_is_a_clear_error_naming_its_flag(
     result = _run([*args, "--port", str(free_port()), "--idleTimeout", "0"], tmp_path)
     assert result.returncode == 2
     assert "--idleTimeout must be more than 0, got 0.0" in result.stderr
+
+
+# `gas serve` where os.memfd_create is missing (a system other than Linux): the demo's
+# certificate and key then go into a folder of their own.
+WITHOUT_MEMFD = (
+    "import os, sys; del os.memfd_create; from gas.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+KEY_PLACES = ["memory", "folder"]
+
+
+class DemoServe:
+    """`gas serve --demo` with a TMPDIR of its own, so that what it leaves there is its own."""
+
+    def __init__(self, place: str, tmp_path: Path, *args: str) -> None:
+        self.place = place
+        self.tmpdir = tmp_path / "tmp"
+        self.tmpdir.mkdir()
+        self.port = free_port()
+        start = ["-c", WITHOUT_MEMFD] if place == "folder" else ["-m", "gas.cli"]
+        self.log = tmp_path / "gas.log"
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, *start, "serve", "--demo", "--port", str(self.port), *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TMPDIR": str(self.tmpdir)},
+                start_new_session=True,
+            )
+
+    def left(self) -> list[str]:
+        return sorted(p.name for p in self.tmpdir.iterdir())
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + 30
+        while not _answers(f"https://127.0.0.1:{self.port}/readyz"):
+            assert self.process.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, self.log.read_text()
+            time.sleep(0.05)
+
+    def certificate(self) -> str:
+        return ssl.get_server_certificate(("127.0.0.1", self.port), timeout=5)
+
+    def stop(self, sig: signal.Signals) -> int:
+        if self.process.poll() is None:
+            if sig == signal.SIGINT:
+                os.killpg(self.process.pid, sig)  # a terminal's Ctrl-C: the whole group
+            else:
+                os.kill(self.process.pid, sig)  # the kubelet's stop: the master alone
+        try:
+            return self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+            raise
+
+
+def _answers(url: str) -> bool:
+    try:
+        return requests.get(url, verify=False, timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def _check_made_while_serving(demo: DemoServe) -> None:
+    made = demo.left()
+    if demo.place == "memory":
+        # Neither the key nor the certificate is ever in a file system.
+        assert made == []
+        return
+    (folder,) = made
+    assert folder.startswith("gas-demo-tls-")
+    assert stat.S_IMODE((demo.tmpdir / folder).stat().st_mode) == 0o700
+
+
+@pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("place", KEY_PLACES)
+def test_the_demo_certificate_and_key_do_not_outlive_gas(
+    place: str, sig: signal.Signals, tmp_path: Path
+) -> None:
+    demo = DemoServe(place, tmp_path)
+    try:
+        demo.wait_ready()
+        _check_made_while_serving(demo)
+        assert "BEGIN CERTIFICATE" in demo.certificate()
+    finally:
+        status = demo.stop(sig)
+    assert status == 0, demo.log.read_text()
+    assert demo.left() == []
+
+
+@pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
+@pytest.mark.parametrize("place", KEY_PLACES)
+def test_a_worker_restart_keeps_the_demo_certificate(place: str, tmp_path: Path) -> None:
+    """The worker gunicorn starts in place of a stopped one serves the same certificate:
+    the worker that stopped removed nothing, the master keeps it until it exits."""
+    demo = DemoServe(place, tmp_path)
+    try:
+        demo.wait_ready()
+        served = demo.certificate()
+        (worker,) = child_pids(demo.process.pid)
+        os.kill(worker, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while child_pids(demo.process.pid) in ([], [worker]):
+            assert time.monotonic() < deadline, demo.log.read_text()
+            time.sleep(0.05)
+        demo.wait_ready()
+        assert demo.certificate() == served
+        _check_made_while_serving(demo)
+    finally:
+        status = demo.stop(signal.SIGTERM)
+    assert status == 0, demo.log.read_text()
+    assert demo.left() == []
+
+
+@pytest.mark.parametrize("place", KEY_PLACES)
+def test_a_demo_that_cannot_start_leaves_no_certificate(place: str, tmp_path: Path) -> None:
+    # The certificate is made before --leaderElect is refused.
+    demo = DemoServe(place, tmp_path, "--leaderElect")
+    assert demo.process.wait(timeout=60) == 2
+    assert "--leaderElect needs a Kubernetes cluster" in demo.log.read_text()
+    assert demo.left() == []
