@@ -3,9 +3,10 @@
 An API-server double, two GPU nodes each with a fake sysfs/devfs, a kubelet double and a
 real `gas node` process (which labels the node, publishes its GPU capacity and serves the
 device plugin), the real `gas serve` over mutual TLS, and a kube-scheduler emulator that
-places a few pods through it. It then prints, for every container, the cards gas chose and
-the devices the container received, and `gas inspect`'s per-card table; it exits 1 when any
-container did not get exactly the cards gas chose.
+places a few pods through it, saying for the one no card can hold why each node cannot. It
+then prints, for every container, the cards gas chose and the devices the container
+received, and `gas inspect`'s per-card table; it exits 1 when any container did not get
+exactly the cards gas chose.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from tests.support.gasproc import GasProcess, make_tls_files
 from tests.support.kubelet import Admission, response_cards
 from tests.support.nodeproc import NodeRig
 from tests.support.objects import container, gpu_pod
-from tests.support.scheduler import SchedulerEmulator
+from tests.support.scheduler import Outcome, SchedulerEmulator
 
 GIB = 1 << 30
 MEMORY = "gpu.intel.com/memory.max"
@@ -38,6 +39,9 @@ NODES = {
 
 def demo_pods() -> list[dict[str, Any]]:
     return [
+        # First, while gpu-node-1's total (two 8Gi cards: 16Gi) still covers it, so that
+        # kube-scheduler's node totals let it through and gas's filter says why no card can.
+        gpu_pod("too-big", container("model", i915="1", memory_max="12Gi")),
         gpu_pod("inference-a", container("model", i915="1", memory_max="5Gi")),
         gpu_pod("inference-b", container("model", i915="1", memory_max="5Gi")),
         gpu_pod(
@@ -47,8 +51,24 @@ def demo_pods() -> list[dict[str, Any]]:
             container("encode", i915="1", memory_max="2Gi"),
         ),
         gpu_pod("tiled", container("solver", i915="1", tiles="2", memory_max="2Gi")),
-        gpu_pod("too-big", container("model", i915="1", memory_max="12Gi")),
     ]
+
+
+def why_unschedulable(outcome: Outcome) -> list[str]:
+    """For each node, why the pod did not go there: gas's filter's reason, or the one of
+    kube-scheduler's own fit when it left the node out before asking gas."""
+    reasons = {
+        **{n: f"{r} (kube-scheduler: the node's total)" for n, r in outcome.unfit_nodes.items()},
+        **{
+            n: f"{r} (gas's filter: its cards are busy now)"
+            for n, r in outcome.failed_nodes.items()
+        },
+        **{
+            n: f"{r} (gas's filter: no card of the node could hold it, even idle)"
+            for n, r in outcome.unresolvable_nodes.items()
+        },
+    }
+    return [f"  {node}: {reasons[node]}" for node in sorted(reasons)]
 
 
 def _wait(condition: Any, timeout: float, what: str) -> None:
@@ -133,6 +153,8 @@ def run(keep: bool) -> int:
                 outcome = scheduler.schedule("default", pod["metadata"]["name"]).result(30)
                 where = outcome.node if outcome.bound else "unschedulable (waits)"
                 print(f"scheduled {pod['metadata']['name']}: {where}")
+                if not outcome.bound:
+                    print("\n".join(why_unschedulable(outcome)))
             placed = {p["metadata"]["name"] for p in api.list_pods() if p["spec"].get("nodeName")}
             _wait(
                 lambda: placed <= {a.name for r in rigs for a in r.kubelet.admissions.values()},

@@ -52,6 +52,9 @@ class Outcome:
     error: str = ""
     failed_nodes: dict[str, str] = field(default_factory=dict)
     unresolvable_nodes: dict[str, str] = field(default_factory=dict)
+    # The nodes the scheduler's own fit left out before asking the extender, and why
+    # ("Insufficient <resource>", as kube-scheduler words it).
+    unfit_nodes: dict[str, str] = field(default_factory=dict)
     # Preemption: the candidates kube-scheduler found by node totals (node -> victim
     # names), what the extender answered (None: not asked), and the nominated node.
     candidates: dict[str, list[str]] = field(default_factory=dict)
@@ -125,7 +128,7 @@ class SchedulerEmulator:
         if pod is None:
             raise KeyError(f"{namespace}/{name}")
         outcome = Outcome(pod=f"{namespace}/{name}")
-        feasible = self._fit_nodes(pod)
+        feasible = self._fit_nodes(pod, outcome.unfit_nodes)
         if feasible and _interested(pod):
             try:
                 feasible = self._extender_filter(pod, feasible, outcome)
@@ -337,9 +340,10 @@ class SchedulerEmulator:
 
     # ------------------------------------------------------------ NodeResourcesFit
 
-    def _fit_nodes(self, pod: dict[str, Any]) -> list[str]:
+    def _fit_nodes(self, pod: dict[str, Any], unfit: dict[str, str] | None = None) -> list[str]:
         """Nodes whose allocatable covers the pod's extended requests, as the scheduler's
-        own NodeResourcesFit plugin sees it (totals per node, not per card)."""
+        own NodeResourcesFit plugin sees it (totals per node, not per card); the others go
+        into `unfit`, each with the resources it is short of."""
         want = _pod_requests(pod)
         used: dict[str, dict[str, int]] = {}
         for other in self.api.list_pods():
@@ -355,13 +359,19 @@ class SchedulerEmulator:
         for node in nodes:
             name = node["metadata"]["name"]
             allocatable = node.get("status", {}).get("allocatable") or {}
-            if all(
-                res in allocatable
-                and parse_quantity(allocatable[res]) - used.get(name, {}).get(res, 0) >= amount
-                for res, amount in want.items()
+            short = [
+                res
+                for res, amount in sorted(want.items())
                 if amount > 0
-            ):
+                and (
+                    res not in allocatable
+                    or parse_quantity(allocatable[res]) - used.get(name, {}).get(res, 0) < amount
+                )
+            ]
+            if not short:
                 result.append(name)
+            elif unfit is not None:
+                unfit[name] = ", ".join(f"Insufficient {res}" for res in short)
         return result
 
 
