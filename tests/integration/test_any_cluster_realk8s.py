@@ -274,13 +274,7 @@ def gas_certs(directory: Path) -> TLSFiles:
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    return TLSFiles(
-        ca=str(directory / "ca.crt"),
-        server_cert=str(directory / "tls.crt"),
-        server_key=str(directory / "tls.key"),
-        client_cert=str(directory / "client.crt"),
-        client_key=str(directory / "client.key"),
-    )
+    return TLSFiles.named_as_gas_certs(directory)
 
 
 def profile_configuration(

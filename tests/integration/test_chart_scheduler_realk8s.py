@@ -105,13 +105,7 @@ def _files(installed: Installed, directory: Path) -> TLSFiles:
     for key, data in installed.secrets["gas-tls"].items():
         (directory / key).write_bytes(data)
         (directory / key).chmod(0o600)
-    return TLSFiles(
-        ca=str(directory / "ca.crt"),
-        server_cert=str(directory / "tls.crt"),
-        server_key=str(directory / "tls.key"),
-        client_cert=str(directory / "client.crt"),
-        client_key=str(directory / "client.key"),
-    )
+    return TLSFiles.named_as_gas_certs(directory)
 
 
 def _args(container: dict[str, Any], replace: dict[str, str]) -> list[str]:

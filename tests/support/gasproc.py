@@ -26,6 +26,18 @@ class TLSFiles:
     client_cert: str
     client_key: str
 
+    @classmethod
+    def named_as_gas_certs(cls, directory: Path) -> TLSFiles:
+        """The files of `directory` under the names `gas certs` writes them (and Secret
+        gas-tls holds them): ca.crt, tls.crt, tls.key, client.crt, client.key."""
+        return cls(
+            ca=str(directory / "ca.crt"),
+            server_cert=str(directory / "tls.crt"),
+            server_key=str(directory / "tls.key"),
+            client_cert=str(directory / "client.crt"),
+            client_key=str(directory / "client.key"),
+        )
+
     def client_flags(self) -> list[str]:
         """The flags by which a gas client command (`gas inspect`) reaches gas over mutual
         TLS with these files."""
