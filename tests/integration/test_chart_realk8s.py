@@ -477,9 +477,11 @@ class Snapshot:
     ca_bundle: str
 
 
-def _snapshot(cluster: Cluster, namespace: str) -> Snapshot:
-    """The chart's Secrets (not helm's release records), each workload's generation, and
-    the webhook configuration's caBundle."""
+def _snapshot_parts(
+    cluster: Cluster, namespace: str
+) -> tuple[dict[str, dict[str, bytes]], dict[str, int]]:
+    """The chart's Secrets' data (not helm's release records) and each workload's
+    generation."""
     secrets: dict[str, dict[str, bytes]] = {}
     for name in cluster.secret_names(namespace):
         if not name.startswith(f"sh.helm.release.v1.{RELEASE}."):
@@ -491,9 +493,28 @@ def _snapshot(cluster: Cluster, namespace: str) -> Snapshot:
         listed = _request(cluster.api, "GET", f"/apis/apps/v1/namespaces/{namespace}/{kind}")
         for item in listed["items"]:
             generations[f"{kind}/{item['metadata']['name']}"] = item["metadata"]["generation"]
+    return secrets, generations
+
+
+def _snapshot(cluster: Cluster, namespace: str) -> Snapshot:
+    """The chart's Secrets (not helm's release records), each workload's generation, and
+    the webhook configuration's caBundle."""
+    secrets, generations = _snapshot_parts(cluster, namespace)
     webhook = cluster.webhook_configuration()
     assert webhook is not None
     return Snapshot(secrets, generations, webhook["webhooks"][0]["clientConfig"]["caBundle"])
+
+
+def _secrets_and_generations(cluster: Cluster, namespace: str) -> tuple[Any, Any]:
+    """The chart's Secrets' data and each workload's generation, for any way (with or
+    without a webhook configuration), and every webhook configuration's caBundles."""
+    bundles = []
+    for kind in ("Mutating", "Validating"):
+        found = cluster.webhook_configuration(kind)
+        if found is not None:
+            bundles += [w["clientConfig"].get("caBundle") for w in found["webhooks"]]
+    snapshot = _snapshot_parts(cluster, namespace)
+    return snapshot, bundles
 
 
 def _nothing_created(cluster: Cluster, namespace: str) -> None:
@@ -651,6 +672,12 @@ def test_each_way_installs_and_uninstalls_cleanly(
     assert cluster_scoped, "every way has cluster-scoped objects (its roles at least)"
     if _needs_dra(values):
         assert "DeviceClass /gpu.gas.intel.com" in keys
+
+    # The same values again: every certificate read back (the kubeadm way's copies on the
+    # control-plane nodes, the claims webhook's caBundle stay valid), no workload rolled.
+    before = _secrets_and_generations(cluster, namespace)
+    helm_cli.upgrade(namespace, *chart.values_args(values, helm_cli.home / "values"))
+    assert _secrets_and_generations(cluster, namespace) == before
 
     helm_cli.uninstall(namespace)
     assert cluster.labelled() == set()

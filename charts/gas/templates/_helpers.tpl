@@ -102,15 +102,20 @@ ca.crt, tls.crt, tls.key, client.crt, client.key, webhook.crt, webhook.key.
 {{- $gas := lookup "v1" "Secret" $ns "gas-tls" -}}
 {{- $client := lookup "v1" "Secret" $ns "gas-scheduler-client" -}}
 {{- $webhook := lookup "v1" "Secret" $ns "gas-webhook-tls" -}}
+{{- /* The CA of an installed release: every Secret the chart makes holds its ca.crt. */ -}}
 {{- $ca := "" -}}
-{{- if and $gas $gas.data (index $gas.data "ca.crt") -}}
-{{- $ca = index $gas.data "ca.crt" | b64dec -}}
+{{- range $secret := list $gas $client $webhook -}}
+{{- if and (not $ca) $secret $secret.data (index $secret.data "ca.crt") -}}
+{{- $ca = index $secret.data "ca.crt" | b64dec -}}
+{{- end -}}
 {{- end -}}
 {{- if $ca -}}
-{{- /* An installed release: keep what is there, fill in only what a changed way needs. */ -}}
+{{- /* An installed release: keep what is there. */ -}}
 {{- $_ := set $certs "ca.crt" $ca -}}
+{{- if and $gas $gas.data -}}
 {{- range $key := list "tls.crt" "tls.key" "client.crt" "client.key" -}}
 {{- if hasKey $gas.data $key -}}{{- $_ := set $certs $key (index $gas.data $key | b64dec) -}}{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- if and $client $client.data -}}
 {{- range $key := list "client.crt" "client.key" -}}
@@ -122,8 +127,12 @@ ca.crt, tls.crt, tls.key, client.crt, client.key, webhook.crt, webhook.key.
 {{- $_ := set $certs "webhook.key" (index $webhook.data "tls.key" | b64dec) -}}
 {{- end -}}
 {{- end -}}
+{{- /* What this rendering's way needs; a certificate another way would need is not asked for. */ -}}
+{{- $needed := list -}}
+{{- if include "gas.extender" . -}}{{- $needed = concat $needed (list "tls.crt" "client.crt") -}}{{- end -}}
+{{- if include "gas.webhookKind" . -}}{{- $needed = append $needed "webhook.crt" -}}{{- end -}}
 {{- $missing := false -}}
-{{- range $key := list "tls.crt" "client.crt" "webhook.crt" -}}
+{{- range $key := $needed -}}
 {{- if not (hasKey $certs $key) -}}{{- $missing = true -}}{{- end -}}
 {{- end -}}
 {{- if $missing -}}
