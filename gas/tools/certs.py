@@ -339,7 +339,7 @@ def _report(plan: Plan, written: list[tuple[str, str]]) -> None:
     for path, what in written:
         print(f"wrote {path}  ({what})")
     print()
-    print("Next steps: one way per cluster, never both (README.md, Deploying).")
+    print("Next steps: one way per cluster, never both (docs/kustomize.md).")
     if plan.dra_claims:
         print()
         _report_dra_claims(plan)

@@ -325,6 +325,7 @@ def test_schema_policies_are_gas_serves() -> None:
         ({"kubeadm": {"validatingWebhook": True}}, "1.37.2", "is for scheduling: kubeadm"),
         ({"dra": {"enabled": True}}, "1.33.4", "1.34 or later"),
         ({}, "1.27.3", "gas needs Kubernetes 1.28 or later"),
+        ({"scheduling": "none", "nodeSide": "none"}, "1.37.2", "install nothing: pick a way"),
         # A build without a version stamp: kube-scheduler's tag cannot follow it.
         ({}, "0.0.0-master+c8dcb00", "set scheduler.image.tag"),
     ],
@@ -371,6 +372,19 @@ def test_values_reach_gas_serve_and_the_scheduler_configuration(helm: Path, tmp_
     assert set(expression["values"]) == {"gas-system", "kube-system", "batch"}
 
 
+@pytest.mark.parametrize(
+    ("level", "flag"), [(None, None), (0, "--v=0"), (4, "--v=4")], ids=["default", "0", "4"]
+)
+def test_log_level_reaches_gas_and_the_webhook_only_when_set(
+    helm: Path, tmp_path: Path, level: int | None, flag: str | None
+) -> None:
+    values = {} if level is None else {"logLevel": level}
+    pod = chart.find(chart.template(helm, tmp_path, values), "Deployment", "gas-scheduler")
+    for container in pod["spec"]["template"]["spec"]["containers"][1:]:
+        levels = [a for a in container["args"] if a.startswith("--v=")]
+        assert levels == ([] if flag is None else [flag]), container["name"]
+
+
 def test_a_changed_scheduler_configuration_rolls_the_scheduler_pods(
     helm: Path, tmp_path: Path
 ) -> None:
@@ -411,6 +425,11 @@ def test_service_monitors_only_where_their_crd_exists(helm: Path, tmp_path: Path
         assert len(services) == 1, monitor["metadata"]["name"]
         ports = {p["name"] for p in services[0]["spec"]["ports"]}
         assert {e["port"] for e in monitor["spec"]["endpoints"]} <= ports
+    # gas certs' webhook Secret holds no ca.crt: with existing Secrets, the gas Secret's.
+    existing = {"certificates": {"source": "existing", "existing": {"caBundle": "Zm9v"}}}
+    mine = chart.template(helm, tmp_path, existing, api_versions=[monitors])
+    (endpoint,) = chart.find(mine, "ServiceMonitor", "gas-webhook")["spec"]["endpoints"]
+    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "gas-tls", "key": "ca.crt"}
     off = {"metrics": {"serviceMonitor": {"enabled": False}}}
     assert not [
         d
@@ -431,6 +450,18 @@ def test_notes_say_how_to_see_it_work(helm: Path, tmp_path: Path) -> None:
     ).stdout.split("NOTES:", 1)[1]
     assert "scripts/configure-scheduler.sh" in kubeadm
     assert "get secret gas-scheduler-client" in kubeadm
+    assert "configure-scheduler.sh --revert" in kubeadm.split("Removing:", 1)[1]
+    # The DRA way alone: a pod the extended-resource mapping serves, no extender's annotation.
+    dra = ["--set", "scheduling=none", "--set", "nodeSide=none", "--set", "dra.enabled=true"]
+    alone = chart.run_helm(helm, [*args, *dra], chart.helm_env(tmp_path)).stdout
+    alone = alone.split("NOTES:", 1)[1]
+    assert "rollout status daemonset/gas-dra" in alone
+    assert "limits: {gpu.intel.com/i915: 1}" in alone and "memory.max" not in alone
+    assert "gas-container-cards" not in alone and "kubectl get resourceclaims" in alone
+    claims = chart.run_helm(
+        helm, [*args, *dra, "--set", "dra.claimsWebhook=true"], chart.helm_env(tmp_path)
+    ).stdout.split("NOTES:", 1)[1]
+    assert "gpu.intel.com/memory.max: 1Gi" in claims and "gas-container-cards" not in claims
 
 
 def test_chart_version_is_gas_version_and_packages_under_it(helm: Path, tmp_path: Path) -> None:

@@ -71,6 +71,9 @@ imagePullSecrets:
 Combinations that cannot work, refused before anything is applied.
 */}}
 {{- define "gas.validate" -}}
+{{- if and (eq .Values.scheduling "none") (eq .Values.nodeSide "none") (not .Values.dra.enabled) -}}
+{{- fail "scheduling: none, nodeSide: none and dra.enabled false install nothing: pick a way (docs/helm.md)" -}}
+{{- end -}}
 {{- if and .Values.dra.claimsWebhook (not .Values.dra.enabled) -}}
 {{- fail "dra.claimsWebhook needs dra.enabled: the claims it makes are served by gas dra" -}}
 {{- end -}}
@@ -184,7 +187,7 @@ the webhook configuration rendered with it.
 {{- if .Values.denylist }}
 - --enableDenylist
 {{- end }}
-{{- if .Values.logLevel }}
+{{- if not (kindIs "invalid" .Values.logLevel) }}
 - --v={{ .Values.logLevel }}
 {{- end }}
 {{- end -}}
