@@ -71,6 +71,7 @@ from gas.dra.slices import PciFacts, resource_slice, slice_name
 from gas.node.cards import Card
 from gas.tools.inspector.dra import dra_report, over_committed
 from tests.support import realk8s
+from tests.support.objects import intel_cards
 
 VERSION = "1.37"
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -111,20 +112,7 @@ SETUPS = {
 def node_cards(node: dict[str, Any]) -> list[Card]:
     """The fake cards of a benchmark node: Flex 170s of 16 GiB, one tile each."""
     count = len(node["metadata"]["labels"]["gpu.intel.com/gpu-numbers"].split("."))
-    return [
-        Card(
-            f"card{i}",
-            i,
-            "0x8086",
-            0,
-            f"0000:{i + 3:02x}:00.0",
-            f"renderD{128 + i}",
-            "i915",
-            1,
-            CARD_MEMORY_GI * GI,
-        )
-        for i in range(count)
-    ]
+    return intel_cards(count, CARD_MEMORY_GI * GI)
 
 
 def variant_slices(

@@ -221,6 +221,17 @@ def _wait_published(rig: Rig) -> dict[str, Any]:
     return published
 
 
+def _add_template(rig: Rig, name: str, memory: str) -> None:
+    """The ResourceClaimTemplate `_template` makes, in the test namespace (kept if another
+    test made it already)."""
+    status, answer = rig.plane.request(
+        "POST",
+        f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaimtemplates",
+        _template(name, memory),
+    )
+    assert status in (201, 409), answer
+
+
 def _template(name: str, memory: str) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",
@@ -373,12 +384,7 @@ def test_claims_share_cards_as_the_scheduler_allocates_them_and_each_container_g
     rig: Rig, create: Create
 ) -> None:
     _wait_published(rig)
-    status, answer = rig.plane.request(
-        "POST",
-        f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaimtemplates",
-        _template("ten", "10Gi"),
-    )
-    assert status in (201, 409), answer
+    _add_template(rig, "ten", "10Gi")
     # 10 GiB of a 16 GiB card: one such share per card, so three run and the fourth waits.
     for index in range(4):
         create(f"ten-{index}", "ten")
@@ -410,12 +416,7 @@ def test_devices_hold_through_a_sigkill_of_gas_dra_and_a_kubelet_restart(
     rig: Rig, create: Create
 ) -> None:
     _wait_published(rig)
-    status, answer = rig.plane.request(
-        "POST",
-        f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaimtemplates",
-        _template("four", "4Gi"),
-    )
-    assert status in (201, 409), answer
+    _add_template(rig, "four", "4Gi")
     create("before", "four")
     _wait_running(rig, "before")
     before = _assert_exact_devices(rig, "before")
@@ -447,12 +448,7 @@ def test_a_claim_whose_prepare_meets_a_sigkill_still_gets_exactly_its_card(
     the pod waits; once the driver is back the kubelet's retry prepares it, and the
     container gets the allocated card and no other."""
     _wait_published(rig)
-    status, answer = rig.plane.request(
-        "POST",
-        f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaimtemplates",
-        _template("four", "4Gi"),
-    )
-    assert status in (201, 409), answer
+    _add_template(rig, "four", "4Gi")
     rig.driver.kill()
     create("mid-prepare", "four")
     time.sleep(5)

@@ -15,9 +15,8 @@ import pytest
 
 from gas.cli import main
 from gas.dra.slices import PciFacts, resource_slice
-from gas.node.cards import Card
 from tests.support.apiserver import ApiServerDouble
-from tests.support.objects import gpu_node
+from tests.support.objects import gpu_node, intel_cards
 
 ROOT = Path(__file__).resolve().parents[2]
 GI = 2**30
@@ -28,20 +27,7 @@ CLAIMS = r"^/apis/resource\.k8s\.io/v1/resourceclaims$"
 def add_dra_node(api: ApiServerDouble, node: str, count: int) -> None:
     """A node as `gas dra` leaves it: the Node, and its slice of `count` 16 GiB cards."""
     stored = api.add_node({"metadata": {"name": node, "labels": {"gpu.gas.intel.com/dra": "true"}}})
-    cards = [
-        Card(
-            f"card{i}",
-            i,
-            "0x8086",
-            0,
-            f"0000:{i + 3:02x}:00.0",
-            f"renderD{128 + i}",
-            "i915",
-            1,
-            16 * GI,
-        )
-        for i in range(count)
-    ]
+    cards = intel_cards(count, 16 * GI)
     body = resource_slice(node, stored["metadata"]["uid"], cards, {c.name: FLEX for c in cards}, 1)
     api.add_object("resourceslices", body)
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gas.core.model import ANNOTATION_CARDS, ANNOTATION_TS, LABEL_GPU_NUMBERS, NodeGpu
+from gas.node.cards import Card
 
 PREFIX = "gpu.intel.com/"
 MEM = PREFIX + "memory.max"
@@ -174,3 +175,22 @@ def card_node(cards: int, name: str = "n1", **per_card: int) -> NodeGpu:
     """A node with card0..card{cards-1}, each with `per_card` capacity (default i915 8)."""
     capacity = {res(k): v for k, v in (per_card or {"i915": 8}).items()}
     return NodeGpu(name, tuple(f"card{i}" for i in range(cards)), capacity)
+
+
+def intel_cards(count: int, memory: int) -> list[Card]:
+    """`count` i915 cards as gas's discovery finds them on a node: card0, card1, ..., each
+    one tile and `memory` bytes, at PCI addresses 0000:03:00.0 on, render nodes from 128."""
+    return [
+        Card(
+            f"card{i}",
+            i,
+            "0x8086",
+            0,
+            f"0000:{i + 3:02x}:00.0",
+            f"renderD{128 + i}",
+            "i915",
+            1,
+            memory,
+        )
+        for i in range(count)
+    ]

@@ -10,26 +10,14 @@ from gas.dra.driver import DRIVER
 from gas.dra.slices import PciFacts, resource_slice
 from gas.node.cards import Card
 from gas.tools.inspector.dra import dra_json, dra_report, over_committed, render_dra_table
+from tests.support.objects import intel_cards
 
 GI = 2**30
 FLEX = PciFacts(device_id="0x56c0", pcie_root="pci0000:00")
 
 
 def cards(count: int, memory: int = 16 * GI) -> list[Card]:
-    return [
-        Card(
-            f"card{i}",
-            i,
-            "0x8086",
-            0,
-            f"0000:{i + 3:02x}:00.0",
-            f"renderD{128 + i}",
-            "i915",
-            1,
-            memory,
-        )
-        for i in range(count)
-    ]
+    return intel_cards(count, memory)
 
 
 def node_slice(node: str, count: int, generation: int = 1, memory: int = 16 * GI) -> dict[str, Any]:
