@@ -280,3 +280,42 @@ annotations:
   cert-manager.io/inject-ca-from: {{ .Release.Namespace }}/gas-webhook
 {{- end }}
 {{- end -}}
+
+{{/*
+gas webhook's container, in the gas-scheduler pods and in the webhook's own Deployment:
+"mode" is its one flag of the way (--schedulerName=..., --validateOnly, --draClaims).
+*/}}
+{{- define "gas.webhookContainer" -}}
+{{- $ := .root -}}
+- name: webhook
+  image: {{ include "gas.image" $ }}
+  imagePullPolicy: {{ $.Values.image.pullPolicy }}
+  args:
+    - webhook
+    - --port=9443
+    - --cert=/etc/gas/webhook/tls.crt
+    - --key=/etc/gas/webhook/tls.key
+    - {{ .mode }}
+    {{- if not (kindIs "invalid" $.Values.logLevel) }}
+    - --v={{ $.Values.logLevel }}
+    {{- end }}
+  ports:
+    - {name: webhook, containerPort: 9443}
+  # HTTPS without a client certificate: the webhook asks for none.
+  readinessProbe:
+    httpGet: {path: /readyz, port: webhook, scheme: HTTPS}
+    periodSeconds: 5
+  livenessProbe:
+    httpGet: {path: /healthz, port: webhook, scheme: HTTPS}
+    periodSeconds: 10
+    failureThreshold: 6
+  resources:
+    {{- toYaml .resources | nindent 4 }}
+  securityContext:
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    capabilities: {drop: ["ALL"]}
+  volumeMounts:
+    - {name: webhook-tls, mountPath: /etc/gas/webhook, readOnly: true}
+    - {name: tmp, mountPath: /tmp}
+{{- end -}}
