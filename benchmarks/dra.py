@@ -67,8 +67,8 @@ from benchmarks.endtoend import (
 from benchmarks.harness import percentile
 from benchmarks.workload import CARD_MEMORY_GI, SHAPES, Shape, make_cluster
 from gas.dra.driver import DRIVER, MEMORY, STANDARD
-from gas.dra.slices import PciFacts, resource_slice, slice_name
-from gas.node.cards import Card
+from gas.dra.slices import PciFacts, plain, resource_slice, slice_name
+from gas.host.cards import Card
 from gas.tools.inspector.dra import dra_report, over_committed
 from tests.support import realk8s
 from tests.support.objects import intel_cards
@@ -119,7 +119,7 @@ def variant_slices(
     name: str, uid: str, cards: list[Card], variant: Variant
 ) -> list[dict[str, Any]]:
     """The node's slices: gas's own, changed as `variant` says."""
-    whole = resource_slice(name, uid, cards, {c.name: FLEX for c in cards}, 1)
+    whole = resource_slice(name, uid, plain(cards, {c.name: FLEX for c in cards}), 1)
     for device in whole["spec"]["devices"]:
         if variant.one_attribute:
             # The one a two-card request's constraint needs.

@@ -17,6 +17,7 @@ PROTOS=(
   gas/dra/api/dra/v1/api.proto
   gas/dra/api/pluginregistration/v1/api.proto
   gas/dra/api/drahealth/v1/api.proto
+  gas/dra/api/drahealth/v1alpha1/api.proto
 )
 mkdir -p "$OUT"
 for proto in "${PROTOS[@]}"; do

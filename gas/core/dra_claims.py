@@ -26,13 +26,17 @@ from gas.core.model import (
     ANNOTATION_SINGLE_NUMA,
     ANNOTATION_XELINK,
     GPU_COUNT_RESOURCES,
+    MAX_CARDS_PER_NODE,
     RESOURCE_PREFIX,
     TILES,
     XE,
     ContainerNeed,
     PodRequest,
+    SpecError,
     as_list,
     as_mapping,
+    is_card_name,
+    read_split_label,
 )
 from gas.core.quantity import format_quantity
 
@@ -66,6 +70,13 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "gas-webhook"}
 """On every template the webhook makes, so `kubectl get resourceclaimtemplates -A -l
 app.kubernetes.io/managed-by=gas-webhook` lists them."""
 
+LABEL_EXCLUSIVE_CARDS = f"{DRIVER}/exclusive-cards"
+"""The node label naming the cards gas dra publishes whole, one claim at a time
+(`card0.card2`, continued in `...2`, `...3` as gas's other card labels are); every other
+card is shareable."""
+UNHEALTHY_TAINT = f"{DRIVER}/unhealthy"
+"""The device taint of a card that is not fit to be used; its value says why."""
+
 CARD_INDEX = f"{DRIVER}/cardIndex"
 """What keeps a multi-card container's requests on distinct cards: gas dra publishes it on
 every device, unlike pciBusID which it leaves out when discovery does not know the
@@ -82,6 +93,22 @@ class Conversion:
     patch: tuple[dict[str, Any], ...] = ()
     reason: str = ""
     warnings: tuple[str, ...] = ()
+
+
+def exclusive_cards(labels: Mapping[str, str]) -> frozenset[str]:
+    """The cards the node's label keeps whole; SpecError for a malformed label."""
+    value = read_split_label(labels, LABEL_EXCLUSIVE_CARDS)
+    if not value:
+        return frozenset()
+    cards = value.split(".")
+    if not all(is_card_name(card) for card in cards):
+        raise SpecError(
+            f"node label {LABEL_EXCLUSIVE_CARDS}={value!r} is not card names joined by dots "
+            "(card0.card2)"
+        )
+    if len(cards) > MAX_CARDS_PER_NODE:
+        raise SpecError(f"node label {LABEL_EXCLUSIVE_CARDS} names too many cards")
+    return frozenset(cards)
 
 
 def round_up(amount: int, step: int, minimum: int) -> int:

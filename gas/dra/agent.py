@@ -1,10 +1,14 @@
 """`gas dra`: the DRA driver, one per GPU node (instead of `gas node`).
 
-It finds the node's cards with `gas node`'s discovery, publishes them in the node's
-ResourceSlice, and serves the kubelet's DRA calls. Its own state (the prepared claims) is
-in `--state-dir`; the slice is written again at every start, after every card change,
-when the kubelet registers the driver (a starting kubelet deletes the node's slices) and
-checked every half minute.
+It finds the node's cards with the discovery both agents share (`gas.host`), publishes
+them in the node's ResourceSlice with their health, serves the kubelet's DRA and device
+health calls, and writes what each prepare decided into its claim's status. Its own
+state (the prepared claims, the cards seen) is in `--state-dir`, shared under a lock with
+the other `gas dra` of a rolling update.
+
+Threads: the card watcher (udev events or rescans), the health check (every
+`--health-interval`), the watches of the Node and of the driver's slices, the slice
+publishing, the claim status writer, the gRPC servers, the metrics and liveness port.
 """
 
 from __future__ import annotations
@@ -14,41 +18,45 @@ import json
 import logging
 import signal
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
+from gas.dra.claim_status import ClaimStatusWriter
 from gas.dra.claims import ClaimError
-from gas.dra.driver import dra_socket, registration_socket
+from gas.dra.driver import DRIVER, dra_socket, registration_socket
 from gas.dra.files import StateStore
+from gas.dra.health_service import HealthFeed
+from gas.dra.inventory import Device, Inventory
 from gas.dra.metrics import DraMetrics
-from gas.dra.pcifacts import facts_of
 from gas.dra.plugin import DraService, KubeletPlugin, SocketTaken
-from gas.dra.preparer import Preparer
-from gas.dra.publish import SlicePublisher
+from gas.dra.preparer import ObjectReader, Preparer
+from gas.dra.publish import SlicePublisher, View
+from gas.dra.publishing import Publishing
 from gas.dra.state import StateError
-from gas.kubeapi.core import status_message
+from gas.host import discovery
+from gas.host.cards import Card
+from gas.host.errors import NodeError
+from gas.host.health import card_health
+from gas.host.kubeapi import API_TIMEOUT, core_api
+from gas.host.watch import card_watcher
+from gas.kubeapi.core import RawCoreV1Api, status_message
 from gas.kubeapi.dra import RawResourceV1Api
-from gas.node import discovery
-from gas.node.cards import Card
-from gas.node.errors import NodeError
-from gas.node.kubeapi import API_TIMEOUT, core_api, describe_api_error
+from gas.kubeapi.reflector import Reflector
 
 log = logging.getLogger(__name__)
 
-SLICE_CHECK = 30.0
 
+def object_reader(kind: str, call: Callable[..., Any]) -> ObjectReader:
+    """`read(namespace, name)` of one kind through a client method; ClaimError saying why
+    it cannot be read."""
 
-def claim_reader(resources: RawResourceV1Api) -> Callable[[str, str], Mapping[str, Any]]:
     def read(namespace: str, name: str) -> Mapping[str, Any]:
-        what = f"ResourceClaim {namespace}/{name}"
+        what = f"{kind} {namespace}/{name}"
         try:
-            response = resources.read_namespaced_resource_claim(
-                name, namespace, _request_timeout=API_TIMEOUT
-            )
+            response = call(name, namespace, _request_timeout=API_TIMEOUT)
         except ApiException as exc:
             if exc.status == 404:
                 raise ClaimError(f"{what} not found") from None
@@ -56,64 +64,44 @@ def claim_reader(resources: RawResourceV1Api) -> Callable[[str, str], Mapping[st
             raise ClaimError(f"cannot read {what}: {message}") from None
         except (HTTPError, OSError) as exc:
             raise ClaimError(f"cannot reach the API server to read {what}: {exc}") from None
-        claim = json.loads(response.data)
-        if not isinstance(claim, dict):
+        found = json.loads(response.data)
+        if not isinstance(found, dict):
             raise ClaimError(f"{what}: the API server sent no object")
-        return claim
+        return found
 
     return read
 
 
-class Publishing:
-    """The slice written from the latest cards, one write at a time."""
-
-    def __init__(
-        self, publisher: SlicePublisher, sysfs_root: str, metrics: DraMetrics, node: str
-    ) -> None:
-        self.publisher = publisher
-        self.sysfs_root = sysfs_root
-        self.metrics = metrics
-        self.node = node
-        self.cards: list[Card] | None = None
-        self._lock = threading.Lock()
-
-    def publish(self, cards: list[Card] | None = None) -> bool:
-        with self._lock:
-            if cards is not None:
-                self.cards = cards
-            if self.cards is None:
-                return False
-            try:
-                self.publisher.publish(self.cards, facts_of(self.sysfs_root, self.cards))
-            except (ApiException, HTTPError, OSError, ValueError) as exc:
-                log.error("ResourceSlice not written: %s", describe_api_error(exc, self.node))
-                self.metrics.publishes.labels("error").inc()
-                return False
-            self.metrics.publishes.labels("ok").inc()
-            self.metrics.cards.set(len(self.cards))
-            self.metrics.generation.set(self.publisher.generation)
-            return True
-
-
-def _watcher(
-    args: argparse.Namespace,
-    discover: Callable[[], list[Card]],
-    on_change: Callable[[list[Card]], bool],
-    stop: threading.Event,
-) -> discovery.CardWatcher:
-    if args.sysfs_root is not None:
-
-        def no_events(timeout: float | None) -> str | None:
-            stop.wait(1.0 if timeout is None else timeout)
+def _view(node: Reflector, slices: Reflector, name: str) -> Callable[[], View | None]:
+    def view() -> View | None:
+        if not (node.synced and slices.synced):
             return None
+        found = node.objects().get(name)
+        return None if found is None else View(found, list(slices.objects().values()))
 
-        return discovery.CardWatcher(
-            discover, on_change, no_events, resync=args.rescan or 5.0, debounce=0.2
-        )
-    monitor = discovery.card_monitor()
-    return discovery.CardWatcher(
-        discover, on_change, discovery.udev_card_events(monitor), resync=args.rescan or 600.0
-    )
+    return view
+
+
+class _Cards:
+    """Discovery's cards into the inventory, and the inventory's into the preparer."""
+
+    def __init__(self, inventory: Inventory, preparer: Preparer) -> None:
+        self.inventory = inventory
+        self.preparer = preparer
+
+    def discovered(self, cards: list[Card]) -> bool:
+        held, _ = self.preparer.held_cards()
+        self.inventory.update(cards, held)
+        return True
+
+    def failed(self) -> None:
+        held, _ = self.preparer.held_cards()
+        self.inventory.update(None, held)
+
+    def apply(self, devices: Mapping[str, Device]) -> None:
+        present = [d.card for d in devices.values() if d.present]
+        gone = {n: d.health.message for n, d in devices.items() if not d.present}
+        self.preparer.set_cards(present, gone)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -128,57 +116,162 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 2 if isinstance(exc, ValueError) else 1
     resources = RawResourceV1Api(core.api_client)
-    store = StateStore(args.state_dir)
-    try:
-        preparer = Preparer(node, claim_reader(resources), store, args.cdi_dir, args.devfs_root)
-        preparer.restore()
-    except (OSError, StateError) as exc:
-        log.error("not starting: the prepared claims cannot be read from %s: %s", store.path, exc)
-        return 1
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     metrics = DraMetrics()
-    if args.metrics_port:
-        metrics.serve(args.metrics_port, args.metrics_host)
+    writer = ClaimStatusWriter(
+        resources, stop, lambda result: metrics.status_writes.labels(result).inc()
+    )
+    store = StateStore(args.state_dir)
+    preparer = Preparer(
+        node,
+        object_reader("ResourceClaim", resources.read_namespaced_resource_claim),
+        object_reader("Pod", core.read_namespaced_pod),
+        store,
+        args.cdi_dir,
+        args.devfs_root,
+        on_prepared=writer.prepared,
+    )
+    try:
+        preparer.restore()
+    except (OSError, StateError) as exc:
+        log.error("not starting: the prepared claims cannot be read from %s: %s", store.path, exc)
+        return 1
+    sysfs_root = args.sysfs_root or "/sys"
+    inventory = Inventory(
+        args.state_dir,
+        lambda card, present, wedged: card_health(sysfs_root, card, present, wedged),
+    )
+    feed = HealthFeed(node)
+    cards = _Cards(inventory, preparer)
+    node_watch, slice_watch = _reflectors(
+        core, resources, node, stop, on_change=lambda: publishing.trigger()
+    )
+    publisher = SlicePublisher(
+        core, resources, node, args.unhealthy_taint_effect, _view(node_watch, slice_watch, node)
+    )
     publishing = Publishing(
-        SlicePublisher(core, resources, node), args.sysfs_root or "/sys", metrics, node
+        publisher,
+        inventory,
+        lambda: preparer.held_cards()[1],
+        sysfs_root,
+        metrics,
+        stop,
+        resync=args.slice_resync,
     )
+    inventory.listen(cards.apply)
+    inventory.listen(feed.update)
+    inventory.listen(lambda devices: _count_health(metrics, devices))
+    inventory.listen(lambda devices: publishing.trigger())
 
-    def on_change(cards: list[Card]) -> bool:
-        preparer.set_cards(cards)
-        return publishing.publish(cards)
+    def discover_or_say(found: Callable[[], list[Card]] = discover) -> list[Card]:
+        try:
+            return found()
+        except (NodeError, OSError):
+            cards.failed()
+            raise
 
-    watcher = _watcher(args, discover, on_change, stop)
+    watcher = card_watcher(args, discover_or_say, cards.discovered, stop, on_card=_udev(inventory))
     watcher.check()  # the cards are known before the kubelet can ask for one
-    registered = threading.Event()
     plugin = KubeletPlugin(
-        dra_socket(args.kubelet_root_dir),
-        registration_socket(args.kubelet_root_dir),
-        DraService(preparer, metrics),
-        registered.set,
+        dra_socket(args.kubelet_root_dir, args.pod_uid),
+        registration_socket(args.kubelet_root_dir, args.pod_uid),
+        DraService(preparer, metrics, on_unprepared=writer.unprepared),
+        feed,
+        lambda: publishing.trigger(direct=True),
     )
+    if args.metrics_port:
+        metrics.serve(args.metrics_port, args.metrics_host, live=plugin.probe)
     try:
         plugin.start()
     except SocketTaken as exc:
         log.error("not starting: %s", exc)
         plugin.stop()
         return 1
-    watcher_thread = threading.Thread(
-        target=watcher.run, args=(stop.is_set,), name="card-watcher", daemon=True
+    threads = [
+        writer,
+        node_watch,
+        slice_watch,
+        publishing,
+        threading.Thread(target=watcher.run, args=(stop.is_set,), name="card-watcher", daemon=True),
+        threading.Thread(
+            target=_health_loop,
+            args=(inventory, preparer, args.health_interval, stop),
+            name="card-health",
+            daemon=True,
+        ),
+    ]
+    for thread in threads:
+        thread.start()
+    publishing.trigger(direct=True)
+    log.info(
+        "gas dra on %s (%s): %d prepared claim(s) recorded",
+        node,
+        f"pod {args.pod_uid}" if args.pod_uid else "no pod UID",
+        len(preparer.state),
     )
-    watcher_thread.start()
-    log.info("gas dra on %s: %d prepared claim(s) recorded", node, len(preparer.state))
-    checked = time.monotonic()
-    while not stop.is_set():
-        if registered.wait(timeout=0.5):
-            registered.clear()
-            publishing.publish()
-            checked = time.monotonic()
-        elif time.monotonic() - checked >= SLICE_CHECK:
-            publishing.publish()
-            checked = time.monotonic()
+    stop.wait()
     log.info("stopping")
     plugin.stop()
-    watcher_thread.join(timeout=5)
+    writer.close()
+    for thread in threads:
+        thread.join(timeout=5)
+    if writer.pending():
+        log.warning("%d claim status write(s) left undone", writer.pending())
     return 0
+
+
+def _reflectors(
+    core: RawCoreV1Api,
+    resources: RawResourceV1Api,
+    node: str,
+    stop: threading.Event,
+    on_change: Callable[[], None],
+) -> tuple[Reflector, Reflector]:
+    """The watches of this node and of the driver's slices of it."""
+    node_watch = Reflector(
+        "node", core.list_node, {"field_selector": f"metadata.name={node}"}, stop, on_change
+    )
+    slice_watch = Reflector(
+        "resourceslices",
+        resources.list_resource_slice,
+        {"field_selector": f"spec.driver={DRIVER},spec.nodeName={node}"},
+        stop,
+        on_change,
+    )
+    return node_watch, slice_watch
+
+
+def _udev(inventory: Inventory) -> Callable[[str, str, str], None]:
+    """What a card's uevent tells the inventory: a wedged event marks it, an add clears the
+    mark."""
+
+    def on_card(action: str, card: str, wedged: str) -> None:
+        if action == "add":
+            inventory.added(card)
+        elif wedged:
+            inventory.wedged(card, wedged)
+
+    return on_card
+
+
+def _count_health(metrics: DraMetrics, devices: Mapping[str, Device]) -> None:
+    counts: dict[str, int] = {"Healthy": 0, "Unhealthy": 0, "Unknown": 0}
+    for device in devices.values():
+        counts[device.health.status] = counts.get(device.health.status, 0) + 1
+    for status, count in counts.items():
+        metrics.health.labels(status).set(count)
+
+
+def _health_loop(
+    inventory: Inventory, preparer: Preparer, interval: float, stop: threading.Event
+) -> None:
+    """Judge the cards again every `interval` seconds: a driver's health attributes change
+    without a uevent."""
+    while not stop.wait(interval):
+        try:
+            held, _ = preparer.held_cards()
+            inventory.refresh(held)
+        except Exception:  # the next round tries again
+            log.exception("checking the cards' health failed")

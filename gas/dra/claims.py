@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gas.core.quantity import QuantityError, parse_quantity
-from gas.dra.driver import DRIVER, TILES
+from gas.core.shares import Share
+from gas.dra.driver import DRIVER, MEMORY, MILLICORES, TILES
 
 
 class ClaimError(Exception):
@@ -24,13 +25,22 @@ class ClaimError(Exception):
 @dataclass(frozen=True)
 class Result:
     """One allocation result of this driver: `request` as the allocation names it
-    (`<request>/<subrequest>` for a prioritized list), the card, and what it consumes."""
+    (`<request>/<subrequest>` for a prioritized list), the card, what it consumes, and
+    whether it is an administrator's access (a monitoring pod's), which shares nothing
+    and is not counted against the card."""
 
     request: str
     pool: str
     device: str
     share_id: str | None
     tiles: int
+    memory: int = 0
+    millicores: int = 0
+    admin: bool = False
+
+    @property
+    def share(self) -> Share:
+        return Share(self.memory, self.millicores, self.tiles)
 
     @property
     def base_request(self) -> str:
@@ -52,17 +62,30 @@ def check_identity(claim: Mapping[str, Any], namespace: str, name: str, uid: str
         )
 
 
-def _consumed_tiles(entry: Mapping[str, Any], where: str) -> int:
+def _consumed(entry: Mapping[str, Any], name: str, where: str) -> int:
     consumed = _mapping(entry.get("consumedCapacity"))
-    if TILES not in consumed:
+    if name not in consumed:
         return 0
     try:
-        tiles = parse_quantity(consumed[TILES])
+        amount = parse_quantity(consumed[name])
     except QuantityError as exc:
-        raise ClaimError(f"{where}: consumed tiles {consumed[TILES]!r}: {exc}") from None
-    if tiles < 0:
-        raise ClaimError(f"{where}: consumed tiles {tiles} is negative")
-    return tiles
+        raise ClaimError(f"{where}: consumed {name} {consumed[name]!r}: {exc}") from None
+    if amount < 0:
+        raise ClaimError(f"{where}: consumed {name} {amount} is negative")
+    return amount
+
+
+def reserved_pods(claim: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(name, UID) of each pod the claim is reserved for (`status.reservedFor`): the pods
+    whose containers will see its devices."""
+    found = []
+    for entry in _mapping(claim.get("status")).get("reservedFor") or []:
+        entry = _mapping(entry)
+        if entry.get("resource") == "pods" and not entry.get("apiGroup"):
+            name, uid = entry.get("name"), entry.get("uid")
+            if isinstance(name, str) and isinstance(uid, str):
+                found.append((name, uid))
+    return found
 
 
 def results_for(claim: Mapping[str, Any], pool: str) -> list[Result]:
@@ -93,16 +116,31 @@ def results_for(claim: Mapping[str, Any], pool: str) -> list[Result]:
                 pool=pool,
                 device=str(entry.get("device") or ""),
                 share_id=str(share) if share else None,
-                tiles=_consumed_tiles(entry, where),
+                tiles=_consumed(entry, TILES, where),
+                memory=_consumed(entry, MEMORY, where),
+                millicores=_consumed(entry, MILLICORES, where),
+                admin=entry.get("adminAccess") is True,
             )
         )
     return found
 
 
-def check_devices(results: Sequence[Result], cards: Collection[str], node: str, label: str) -> None:
-    """Every result's device must be a card this node has: a container is never handed a
-    card in its place."""
+def check_devices(
+    results: Sequence[Result],
+    cards: Collection[str],
+    node: str,
+    label: str,
+    unusable: Mapping[str, str] | None = None,
+) -> None:
+    """Every result's device must be a card this node has now: a container is never handed
+    a card in its place, nor a card that is gone (`unusable`: card -> why)."""
     for result in results:
+        why = (unusable or {}).get(result.device)
+        if why is not None:
+            raise ClaimError(
+                f"{label}: request {result.request!r} was allocated {result.device}, which "
+                f"cannot be used now: {why}"
+            )
         if result.device not in cards:
             have = ", ".join(sorted(cards)) or "none"
             raise ClaimError(

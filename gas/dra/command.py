@@ -1,45 +1,28 @@
-"""`gas dra`'s command line: its flags, and the check that the `node` extra is installed.
-
-Nothing here imports grpcio or protobuf: `gas` builds every command's parser at each
-start, and the driver itself (gas/dra/agent.py) is loaded only when `gas dra` runs.
+"""`gas dra`'s command line: its flags (those every agent has come from `gas.host.flags`).
+Nothing here imports grpcio or protobuf: the driver itself (gas/dra/agent.py) is loaded only
+when `gas dra` runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 
 from gas.dra.driver import DEFAULT_CDI_DIR, DEFAULT_KUBELET_ROOT, DEFAULT_STATE_DIR
-from gas.node import discovery
+from gas.host import flags
 
-log = logging.getLogger(__name__)
+TAINT_EFFECTS = ("NoExecute", "NoSchedule")
+DEFAULT_HEALTH_INTERVAL = 5.0
+DEFAULT_SLICE_RESYNC = 600.0
 
 DEFAULT_METRICS_PORT = 9103
 """Beside `gas node`'s 9102: a node runs one or the other, but a port of its own keeps a
 scrape configuration from mixing them up."""
-NODE_EXTRA = "pip install 'gas-gpu-sharing[node]'"
-EXTRA_MODULES = frozenset({"grpc", "google", "pyudev"})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--node-name",
-        default=os.environ.get("NODE_NAME"),
-        help="this node's name (default: $NODE_NAME, from the downward API)",
-    )
-    parser.add_argument(
-        "--kubeconfig",
-        "--kubeConfig",
-        dest="kubeconfig",
-        help="kubeconfig file (default: in-cluster configuration)",
-    )
-    discovery.add_arguments(parser)
-    parser.add_argument(
-        "--devfs-root",
-        default="/dev",
-        help="host /dev, where the cards' device nodes are (/dev)",
-    )
+    flags.add_identity(parser)
+    flags.add_cards(parser)
     parser.add_argument(
         "--kubelet-root-dir",
         default=DEFAULT_KUBELET_ROOT,
@@ -55,32 +38,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--state-dir",
         default=DEFAULT_STATE_DIR,
-        help=f"where the prepared claims are recorded across restarts ({DEFAULT_STATE_DIR})",
+        help="where the prepared claims and the cards seen are recorded across restarts, "
+        f"shared with the other gas dra of a rolling update ({DEFAULT_STATE_DIR})",
     )
     parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=DEFAULT_METRICS_PORT,
-        help=f"Prometheus metrics port, 0 for none ({DEFAULT_METRICS_PORT})",
+        "--pod-uid",
+        default=os.environ.get("POD_UID", ""),
+        help="this pod's UID, named in the kubelet sockets so that two gas dra of a rolling "
+        "update serve side by side (default: $POD_UID, from the downward API; none: the "
+        "sockets of a single instance)",
     )
-    parser.add_argument("--metrics-host", default="0.0.0.0", help="metrics listen address")
     parser.add_argument(
-        "--rescan",
-        type=float,
-        default=None,
+        "--unhealthy-taint-effect",
+        choices=TAINT_EFFECTS,
+        default=TAINT_EFFECTS[0],
+        help="the effect of the taint an unhealthy card carries in the slice: NoExecute "
+        "also evicts the pods on it, NoSchedule only keeps new claims off (NoExecute)",
+    )
+    parser.add_argument(
+        "--health-interval",
+        type=_positive,
+        default=DEFAULT_HEALTH_INTERVAL,
         metavar="SECONDS",
-        help="rediscover the cards this often besides on udev events "
-        "(600; 5 with --sysfs-root, which has no events)",
+        help=f"judge the cards' health this often ({DEFAULT_HEALTH_INTERVAL:g})",
     )
-    parser.add_argument("--v", type=int, default=2, help="log verbosity: 0-3 info, 4+ debug")
+    parser.add_argument(
+        "--slice-resync",
+        type=_positive,
+        default=DEFAULT_SLICE_RESYNC,
+        metavar="SECONDS",
+        help="check the slice against the API server itself this often, besides on the "
+        f"watches' events ({DEFAULT_SLICE_RESYNC:g})",
+    )
+    flags.add_running(parser, DEFAULT_METRICS_PORT)
 
 
-def run(args: argparse.Namespace) -> int:
+def _positive(text: str) -> float:
     try:
-        from gas.dra import agent
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] not in EXTRA_MODULES:
-            raise
-        log.error("gas dra needs the node extra: %s (no module named %r)", NODE_EXTRA, exc.name)
-        return 2
-    return agent.run(args)
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+    return value
+
+
+def _load() -> flags.AgentRun:
+    from gas.dra import agent
+
+    return agent.run
+
+
+run = flags.run_agent("dra", _load)

@@ -1,10 +1,17 @@
-"""Prometheus metrics of `gas dra`, on their own registry (served by `--metrics-port`)."""
+"""Prometheus metrics of `gas dra`, on their own registry, and its liveness answer, both
+served on `--metrics-port`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
+from gas.httpserver.answering import WSGIApp
 from gas.httpserver.background import BackgroundServer, listen
+
+LIVENESS_PATH = "/healthz"
 
 
 class DraMetrics:
@@ -18,13 +25,19 @@ class DraMetrics:
         )
         self.latency = Histogram(
             "gas_dra_prepare_seconds",
-            "Time to prepare one claim",
+            "Time to prepare the claims of one kubelet call",
             ["call"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
             registry=self.registry,
         )
         self.cards = Gauge(
             "gas_dra_cards", "Cards published in the node's ResourceSlice", registry=self.registry
+        )
+        self.health = Gauge(
+            "gas_dra_card_health",
+            "Cards published, by health (Healthy, Unhealthy, Unknown)",
+            ["health"],
+            registry=self.registry,
         )
         self.generation = Gauge(
             "gas_dra_pool_generation",
@@ -37,9 +50,36 @@ class DraMetrics:
             ["result"],
             registry=self.registry,
         )
+        self.status_writes = Counter(
+            "gas_dra_claim_status_writes_total",
+            "Writes of claims' status.devices, by result (ok, gone, error)",
+            ["result"],
+            registry=self.registry,
+        )
 
-    def serve(self, port: int, host: str = "0.0.0.0") -> BackgroundServer:
-        server = BackgroundServer(listen(host, port), make_wsgi_app(self.registry), name="metrics")
+    def serve(
+        self, port: int, host: str = "0.0.0.0", live: Callable[[], str | None] | None = None
+    ) -> BackgroundServer:
+        """Metrics on every path but `/healthz`, which answers 200 when `live()` finds
+        nothing wrong and 503 with its reason otherwise."""
+        app = _with_liveness(make_wsgi_app(self.registry), live)
+        server = BackgroundServer(listen(host, port), app, name="metrics")
         self.registry.register(server.stats)
         server.start()
         return server
+
+
+def _with_liveness(metrics: WSGIApp, live: Callable[[], str | None] | None) -> WSGIApp:
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != LIVENESS_PATH or live is None:
+            return metrics(environ, start_response)
+        problem = live()
+        status = "200 OK" if problem is None else "503 Service Unavailable"
+        body = b"ok\n" if problem is None else f"{problem}\n".encode()
+        start_response(
+            status,
+            [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))],
+        )
+        return [body]
+
+    return app

@@ -1,5 +1,6 @@
-"""The PCI facts a card's DRA device carries that `gas node`'s discovery does not read:
-the PCI device id and the PCIe root complex, from the card's PCI device in sysfs."""
+"""The PCI facts a card's DRA device carries that the agents' discovery
+(`gas.host.discovery`) does not read: the PCI device id and the PCIe root complex, from the
+card's PCI device in sysfs."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from gas.dra.slices import PciFacts
-from gas.node.cards import Card
+from gas.host.cards import Card
 
 log = logging.getLogger(__name__)
 

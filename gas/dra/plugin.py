@@ -1,11 +1,13 @@
-"""The kubelet's side of `gas dra`: the DRAPlugin service on the DRA socket and the
-registration service on the socket the kubelet's plugin watcher finds.
+"""The kubelet's side of `gas dra`: the DRAPlugin and device health services on the DRA
+socket, the registration service on the socket the kubelet's plugin watcher finds, and
+the liveness probe that calls both as the kubelet would.
 
 The DRA socket serves first, then the registration socket appears: the kubelet dials the
 endpoint GetInfo names as soon as it has registered the plugin. A stale socket file (left
-by a process that died) is replaced; one another process answers on stops the start. The
-health service is not served: the kubelet takes its Unimplemented answer as "no health
-reports".
+by a process that died) is replaced; one another process answers on stops the start. With
+the pod's UID in the socket names (`POD_UID`), a second `gas dra` of the node (the next
+pod of a rolling update) serves sockets of its own beside the first: the kubelet
+registers both and calls either while both live.
 """
 
 from __future__ import annotations
@@ -25,12 +27,18 @@ from gas.dra.api.pluginregistration.v1 import api_pb2 as reg
 from gas.dra.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from gas.dra.claims import ClaimError
 from gas.dra.driver import DRIVER, PLUGIN_TYPE, SUPPORTED_VERSIONS
+from gas.dra.health_service import HealthFeed, add_health
 from gas.dra.metrics import DraMetrics
-from gas.dra.preparer import Preparer
+from gas.dra.preparer import ClaimKey, Preparer
 from gas.dra.state import PreparedClaim
-from gas.node.sockets import describe, listener
+from gas.host.sockets import describe, listener
 
 log = logging.getLogger(__name__)
+
+DRA_WORKERS = 16
+"""Threads answering the DRA socket: the kubelet's calls, a few health streams (each holds
+one while it lasts), the liveness probe."""
+PROBE_TIMEOUT = 10.0
 
 
 def _fill(entry: dra.NodePrepareResourceResponse, prepared: PreparedClaim) -> None:
@@ -45,38 +53,50 @@ def _fill(entry: dra.NodePrepareResourceResponse, prepared: PreparedClaim) -> No
             answer.share_id = device.share_id
 
 
+UnpreparedHook = Callable[[PreparedClaim], None]
+
+
 class DraService(dra_grpc.DRAPluginServicer):
     """Every claim asked about is answered; one that fails carries its error, and the
     others of the call stand."""
 
-    def __init__(self, preparer: Preparer, metrics: DraMetrics) -> None:
+    def __init__(
+        self,
+        preparer: Preparer,
+        metrics: DraMetrics,
+        on_unprepared: UnpreparedHook = lambda claim: None,
+    ) -> None:
         self.preparer = preparer
         self.metrics = metrics
+        self.on_unprepared = on_unprepared
 
     def NodePrepareResources(
         self, request: dra.NodePrepareResourcesRequest, context: grpc.ServicerContext
     ) -> dra.NodePrepareResourcesResponse:
         response = dra.NodePrepareResourcesResponse()
-        for claim in request.claims:
-            started = time.monotonic()
-            entry = response.claims[claim.uid]
-            where = f"claim {claim.namespace}/{claim.name} ({claim.uid})"
-            try:
-                prepared = self.preparer.prepare(claim.namespace, claim.name, claim.uid)
-            except ClaimError as exc:
-                log.error("prepare %s failed: %s", where, exc)
-                entry.error = str(exc)
+        if not request.claims:
+            return response  # the liveness probe's call
+        started = time.monotonic()
+        keys = [ClaimKey(c.namespace, c.name, c.uid) for c in request.claims]
+        try:
+            outcome = self.preparer.prepare_all(keys)
+        except Exception as exc:  # a fault of the call must still answer each claim
+            log.exception("prepare failed")
+            outcome = {k.uid: ClaimError(f"internal error: {exc}") for k in keys}
+        took = time.monotonic() - started
+        for key in keys:
+            entry = response.claims[key.uid]
+            where = f"claim {key.namespace}/{key.name} ({key.uid})"
+            result = outcome.get(key.uid) or ClaimError("not prepared")
+            if isinstance(result, ClaimError):
+                log.error("prepare %s failed: %s", where, result)
+                entry.error = str(result)
                 self.metrics.calls.labels("prepare", "error").inc()
                 continue
-            except Exception as exc:  # one claim's fault must not fail the others
-                log.exception("prepare %s failed", where)
-                entry.error = f"internal error: {exc}"
-                self.metrics.calls.labels("prepare", "error").inc()
-                continue
-            _fill(entry, prepared)
+            _fill(entry, result)
             self.metrics.calls.labels("prepare", "ok").inc()
-            self.metrics.latency.labels("prepare").observe(time.monotonic() - started)
-            cards = ", ".join(f"{d.device} {d.cdi_id}" for d in prepared.devices) or "no device"
+            self.metrics.latency.labels("prepare").observe(took)
+            cards = ", ".join(f"{d.device} {d.cdi_id}" for d in result.devices) or "no device"
             log.info("prepared %s: %s", where, cards)
         return response
 
@@ -88,14 +108,21 @@ class DraService(dra_grpc.DRAPluginServicer):
             entry = response.claims[claim.uid]
             where = f"claim {claim.namespace}/{claim.name} ({claim.uid})"
             try:
-                self.preparer.unprepare(claim.namespace, claim.name, claim.uid)
+                known = self.preparer.unprepare(claim.namespace, claim.name, claim.uid)
             except ClaimError as exc:
                 log.error("unprepare %s failed: %s", where, exc)
                 entry.error = str(exc)
                 self.metrics.calls.labels("unprepare", "error").inc()
                 continue
+            except Exception as exc:
+                log.exception("unprepare %s failed", where)
+                entry.error = f"internal error: {exc}"
+                self.metrics.calls.labels("unprepare", "error").inc()
+                continue
             self.metrics.calls.labels("unprepare", "ok").inc()
             log.info("unprepared %s", where)
+            if known is not None:
+                self.on_unprepared(known)
         return response
 
 
@@ -116,7 +143,7 @@ class RegistrationService(reg_grpc.RegistrationServicer):
         self, request: reg.RegistrationStatus, context: grpc.ServicerContext
     ) -> reg.RegistrationStatusResponse:
         if request.plugin_registered:
-            log.info("registered with the kubelet as %s", DRIVER)
+            log.info("registered with the kubelet as %s (%s)", DRIVER, self.endpoint)
             # A kubelet that (re)starts deletes the node's slices: write them again.
             self.on_registered()
         else:
@@ -132,9 +159,10 @@ def _serve(path: str, add: Callable[[grpc.Server], None], workers: int) -> grpc.
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     answered, pid = listener(path)
     if answered and pid != os.getpid():
-        # Two drivers on one node would each answer for the same cards, from two states.
+        # Two drivers on one socket would each answer for the same cards in turn.
         raise SocketTaken(
-            f"another process ({describe(pid)}) serves {path}: stop it before starting this gas dra"
+            f"another process ({describe(pid)}) serves {path}: stop it before starting this "
+            "gas dra, or give each its pod's UID (POD_UID) so that each has sockets of its own"
         )
     if os.path.lexists(path):
         os.unlink(path)  # left by a process that died: nobody answers on it
@@ -153,20 +181,22 @@ class KubeletPlugin:
         dra_socket: str,
         registration_socket: str,
         service: DraService,
+        health: HealthFeed,
         on_registered: Callable[[], None],
     ) -> None:
         self.dra_socket = dra_socket
         self.registration_socket = registration_socket
         self.service = service
+        self.health = health
         self.on_registered = on_registered
         self._servers: list[tuple[grpc.Server, str]] = []
 
     def start(self) -> None:
-        dra_server = _serve(
-            self.dra_socket,
-            lambda s: dra_grpc.add_DRAPluginServicer_to_server(self.service, s),
-            workers=8,
-        )
+        def add_dra(server: grpc.Server) -> None:
+            dra_grpc.add_DRAPluginServicer_to_server(self.service, server)
+            add_health(server, self.health)
+
+        dra_server = _serve(self.dra_socket, add_dra, workers=DRA_WORKERS)
         self._servers.append((dra_server, self.dra_socket))
         registration = RegistrationService(self.dra_socket, self.on_registered)
         reg_server = _serve(
@@ -185,8 +215,30 @@ class KubeletPlugin:
     def stop(self, grace: float = 2.0) -> None:
         # The registration socket goes first: the kubelet then drops the plugin rather
         # than calling a service that is closing.
+        self.health.close()
         for server, path in reversed(self._servers):
             server.stop(grace).wait(grace + 1)
             if os.path.lexists(path):
                 os.unlink(path)
         self._servers.clear()
+
+    def probe(self, timeout: float = PROBE_TIMEOUT) -> str | None:
+        """Call both sockets as the kubelet does: GetInfo on the registration socket, an
+        empty NodePrepareResources on the DRA socket. None when both answer, else why not
+        (the liveness probe's answer)."""
+        try:
+            with grpc.insecure_channel(f"unix://{self.registration_socket}") as channel:
+                info = reg_grpc.RegistrationStub(channel).GetInfo(
+                    reg.InfoRequest(), timeout=timeout
+                )
+            if info.endpoint != self.dra_socket:
+                return f"GetInfo names {info.endpoint}, not {self.dra_socket}"
+            with grpc.insecure_channel(f"unix://{self.dra_socket}") as channel:
+                dra_grpc.DRAPluginStub(channel).NodePrepareResources(
+                    dra.NodePrepareResourcesRequest(), timeout=timeout
+                )
+        except grpc.RpcError as exc:
+            code = exc.code() if isinstance(exc, grpc.Call) else None
+            details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+            return f"{code.name if code else 'error'}: {details}"
+        return None

@@ -5,20 +5,33 @@ the card (`card0`), shareable (`allowMultipleAllocations`) with three consumable
 capacities. kube-scheduler keeps the books of each card from these numbers; the request
 policies decide what a claim consumes when it names no amount, and round what it names so
 that what is left of a card stays usable (docs/dra.md, "Request policies").
+
+A card kept whole (`exclusive-cards`) is published without `allowMultipleAllocations` and
+without request policies (the API allows them only on shareable devices): one claim takes
+it all. A card that is not fit to be used carries a taint (`UNHEALTHY_TAINT`, its value the
+reason) that keeps new claims off it, and with the NoExecute effect evicts the pods on it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # The request policies, shared with the webhook that rounds pods' asks to them.
 from gas.core.dra_claims import MEMORY_STEP as MEMORY_STEP  # also read from here
-from gas.core.dra_claims import MILLICORES_PER_CARD, MILLICORES_STEP
+from gas.core.dra_claims import (
+    MILLICORES_PER_CARD,
+    MILLICORES_STEP,
+    UNHEALTHY_TAINT,
+    exclusive_cards,
+)
+from gas.core.model import SpecError, xe_link_groups
 from gas.core.quantity import QuantityError, format_quantity, parse_quantity
 from gas.dra.driver import DRIVER, MEMORY, MILLICORES, STANDARD, TILES
-from gas.node.cards import Card
+from gas.host.cards import Card
+
+TAINT_EFFECTS = ("NoExecute", "NoSchedule")
 
 SHARES_BY_DEFAULT = 10
 """A claim that names no memory or millicores takes a tenth of the card: ten such claims
@@ -43,6 +56,77 @@ class PciFacts:
 
     device_id: str = ""
     pcie_root: str = ""
+
+
+@dataclass(frozen=True)
+class Published:
+    """How one card is published: its facts, whether claims may share it, and the reason
+    it is tainted (empty: not tainted)."""
+
+    card: Card
+    facts: PciFacts = field(default_factory=PciFacts)
+    shareable: bool = True
+    taint: str = ""
+    xe_link_group: int | None = None
+
+
+@dataclass(frozen=True)
+class CardState:
+    """What the slice says of a card besides its facts: whether it is fit to be used (and
+    if not, why, a label value), and whether prepared claims share it now."""
+
+    card: Card
+    healthy: bool = True
+    reason: str = ""
+    shared: bool = False
+
+
+def published(
+    states: Sequence[CardState],
+    facts: Mapping[str, PciFacts],
+    labels: Mapping[str, str],
+) -> tuple[list[Published], list[str]]:
+    """How each card is published given the node's labels, and notes for the log: a
+    malformed label (ignored), a card labelled exclusive that claims share now (kept
+    shareable until they are gone, as kube-scheduler would otherwise see one card held by
+    several claims that it may no longer share)."""
+    notes: list[str] = []
+    names = [state.card.name for state in states]
+    try:
+        groups = xe_link_groups(labels, names)
+    except SpecError as exc:
+        notes.append(f"no Xe Link groups published: {exc}")
+        groups = {}
+    try:
+        exclusive = exclusive_cards(labels)
+    except SpecError as exc:
+        notes.append(f"every card published shareable: {exc}")
+        exclusive = frozenset()
+    found = []
+    for state in states:
+        name = state.card.name
+        whole = name in exclusive
+        if whole and state.shared:
+            notes.append(
+                f"{name} is labelled exclusive but claims share it now: it stays shareable "
+                "until they are gone"
+            )
+            whole = False
+        found.append(
+            Published(
+                state.card,
+                facts.get(name, PciFacts()),
+                shareable=not whole,
+                taint="" if state.healthy else (state.reason or "Unhealthy"),
+                xe_link_group=groups.get(name),
+            )
+        )
+    return found, notes
+
+
+def plain(cards: Sequence[Card], facts: Mapping[str, PciFacts]) -> list[Published]:
+    """Every card shareable and healthy, as a node without labels publishes them."""
+    return [Published(card, facts.get(card.name, PciFacts())) for card in cards]
 
 
 def slice_name(node: str) -> str:
@@ -127,36 +211,57 @@ def tiles_capacity(tiles: int) -> dict[str, Any]:
     }
 
 
-def device(card: Card, facts: PciFacts, xe_link_group: int | None = None) -> dict[str, Any]:
-    return {
+def device(
+    card: Card,
+    facts: PciFacts,
+    xe_link_group: int | None = None,
+    *,
+    shareable: bool = True,
+    taint: str = "",
+    effect: str = "NoExecute",
+) -> dict[str, Any]:
+    capacity = {
+        MEMORY: memory_capacity(card.memory),
+        MILLICORES: millicores_capacity(),
+        TILES: tiles_capacity(card.tiles),
+    }
+    found: dict[str, Any] = {
         "name": card.name,
         "attributes": attributes(card, facts, xe_link_group),
-        "capacity": {
-            MEMORY: memory_capacity(card.memory),
-            MILLICORES: millicores_capacity(),
-            TILES: tiles_capacity(card.tiles),
-        },
-        "allowMultipleAllocations": True,
     }
+    if shareable:
+        found["capacity"] = capacity
+        found["allowMultipleAllocations"] = True
+    else:
+        found["capacity"] = {name: {"value": c["value"]} for name, c in capacity.items()}
+    if taint:
+        found["taints"] = [{"key": UNHEALTHY_TAINT, "value": taint, "effect": effect}]
+    return found
 
 
 def slice_spec(
     node: str,
-    cards: Sequence[Card],
-    facts: Mapping[str, PciFacts],
+    published: Sequence[Published],
     generation: int,
-    xe_link_groups: Mapping[str, int] | None = None,
+    effect: str = "NoExecute",
 ) -> dict[str, Any]:
     """The spec of the node's one slice; a node without cards keeps an empty slice, so
     consumers see the pool as present and empty rather than the driver as absent."""
-    ordered = sorted(cards, key=lambda card: card.number)
+    ordered = sorted(published, key=lambda p: p.card.number)
     return {
         "driver": DRIVER,
         "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
         "nodeName": node,
         "devices": [
-            device(card, facts.get(card.name, PciFacts()), (xe_link_groups or {}).get(card.name))
-            for card in ordered
+            device(
+                p.card,
+                p.facts,
+                p.xe_link_group,
+                shareable=p.shareable,
+                taint=p.taint,
+                effect=effect,
+            )
+            for p in ordered
         ],
     }
 
@@ -164,10 +269,9 @@ def slice_spec(
 def resource_slice(
     node: str,
     node_uid: str,
-    cards: Sequence[Card],
-    facts: Mapping[str, PciFacts],
+    published: Sequence[Published],
     generation: int,
-    xe_link_groups: Mapping[str, int] | None = None,
+    effect: str = "NoExecute",
 ) -> dict[str, Any]:
     """The whole object; owned by the Node, so it goes with the node."""
     return {
@@ -185,14 +289,32 @@ def resource_slice(
                 }
             ],
         },
-        "spec": slice_spec(node, cards, facts, generation, xe_link_groups),
+        "spec": slice_spec(node, published, generation, effect),
     }
 
 
+def keep_taint_times(desired: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
+    """Carry each taint's `timeAdded` over from the stored slice to `desired` (in place):
+    the API server stamps a taint when it first stores it, and a NoExecute toleration's
+    seconds count from then, so a rewrite for another reason must not restart them."""
+    times = {
+        (d.get("name"), t.get("key"), t.get("effect")): t["timeAdded"]
+        for d in stored.get("devices") or []
+        for t in d.get("taints") or []
+        if t.get("timeAdded")
+    }
+    for entry in desired.get("devices") or []:
+        for taint in entry.get("taints") or []:
+            stamp = times.get((entry["name"], taint["key"], taint["effect"]))
+            if stamp is not None:
+                taint["timeAdded"] = stamp
+
+
 def _canonical(value: Any, key: str = "") -> Any:
-    """Quantities as numbers: the API server may store `17179869184` as `16Gi`."""
+    """Quantities as numbers: the API server may store `17179869184` as `16Gi`; a taint's
+    `timeAdded`, which the API server stamps, left out."""
     if isinstance(value, Mapping):
-        return {k: _canonical(v, k) for k, v in value.items()}
+        return {k: _canonical(v, k) for k, v in value.items() if k != "timeAdded"}
     if isinstance(value, list):
         return [_canonical(v) for v in value]
     if isinstance(value, str) and key in ("value", "default", "min", "max", "step"):
@@ -215,13 +337,16 @@ def devices_differ(published: Mapping[str, Any], desired: Mapping[str, Any]) -> 
 def dropped_fields(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> list[str]:
     """What the API server left out of the devices it stored: an API server with
     consumable capacity off (the default before 1.36) drops `allowMultipleAllocations` and
-    the request policies without a word, and every card becomes exclusive."""
+    the request policies without a word, and every card becomes exclusive; one with device
+    taints off (the default before 1.36) drops the taints, and an unfit card takes claims."""
     stored_devices = {d.get("name"): d for d in stored.get("devices") or []}
     dropped = []
     for device in sent.get("devices") or []:
         kept = stored_devices.get(device["name"]) or {}
         if device.get("allowMultipleAllocations") and not kept.get("allowMultipleAllocations"):
             dropped.append(f"{device['name']}: allowMultipleAllocations")
+        if device.get("taints") and not kept.get("taints"):
+            dropped.append(f"{device['name']}: taints")
         for name, capacity in device.get("capacity", {}).items():
             kept_capacity = (kept.get("capacity") or {}).get(name) or {}
             if "requestPolicy" in capacity and "requestPolicy" not in kept_capacity:

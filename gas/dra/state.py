@@ -2,8 +2,11 @@
 
 What unprepare needs, and what a prepare repeated after a restart must answer the same,
 is kept per claim UID: the devices returned to the kubelet, the tiles each holds (so two
-claims on one card never get the same tile) and the CDI spec written for the claim (so a
-spec file lost with /var/run's tmpfs is written again).
+claims on one card never get the same tile), what each consumes and the environment its
+CDI device gives (so that the containers of a later pod that also see it are checked
+against it), and the CDI spec written for the claim (so a spec file lost with /var/run's
+tmpfs is written again). Format 1, written before the consumption and the environment were
+kept, is read as consuming nothing and giving no environment.
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-FORMAT = 1
+from gas.core.shares import Share
+
+FORMAT = 2
+READABLE = (1, 2)
 
 
 class StateError(Exception):
@@ -27,6 +33,10 @@ class PreparedDevice:
     share_id: str | None
     cdi_id: str
     tiles: tuple[int, ...] = ()
+    admin: bool = False
+    share: Share = field(default_factory=Share)
+    environment: tuple[tuple[str, str], ...] = ()
+    """The environment of its CDI device, as (name, value) pairs."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,11 @@ class PreparedClaim:
     devices: tuple[PreparedDevice, ...]
     spec: Mapping[str, Any] | None = field(default=None, compare=False)
     """The claim's CDI spec; None when it has no device of this driver."""
+
+    @property
+    def key(self) -> str:
+        """`namespace/name`, as the pods' containers name it."""
+        return f"{self.namespace}/{self.name}"
 
 
 State = Mapping[str, PreparedClaim]
@@ -75,6 +90,13 @@ def encode(state: State) -> dict[str, Any]:
                         "shareID": d.share_id,
                         "cdiID": d.cdi_id,
                         "tiles": list(d.tiles),
+                        "adminAccess": d.admin,
+                        "share": {
+                            "memory": d.share.memory,
+                            "millicores": d.share.millicores,
+                            "tiles": d.share.tiles,
+                        },
+                        "environment": dict(d.environment),
                     }
                     for d in claim.devices
                 ],
@@ -91,20 +113,35 @@ def _device(raw: Any) -> PreparedDevice:
     tiles = raw.get("tiles") or []
     if not isinstance(tiles, list) or not all(isinstance(t, int) for t in tiles):
         raise StateError(f"tiles {tiles!r} are not a list of numbers")
-    share = raw.get("shareID")
+    share_id = raw.get("shareID")
+    environment = raw.get("environment") or {}
+    if not isinstance(environment, Mapping):
+        raise StateError(f"environment {environment!r} is not an object")
+    share = raw.get("share") or {}
+    if not isinstance(share, Mapping):
+        raise StateError(f"share {share!r} is not an object")
+    amounts = {}
+    for name in ("memory", "millicores", "tiles"):
+        amount = share.get(name, 0)
+        if not isinstance(amount, int) or isinstance(amount, bool):
+            raise StateError(f"share {name} {amount!r} is not a number")
+        amounts[name] = amount
     return PreparedDevice(
         request=str(raw["request"]),
         pool=str(raw["pool"]),
         device=str(raw["device"]),
-        share_id=str(share) if share else None,
+        share_id=str(share_id) if share_id else None,
         cdi_id=str(raw["cdiID"]),
         tiles=tuple(tiles),
+        admin=raw.get("adminAccess") is True,
+        share=Share(amounts["memory"], amounts["millicores"], amounts["tiles"]),
+        environment=tuple((str(k), str(v)) for k, v in environment.items()),
     )
 
 
 def decode(raw: Any) -> dict[str, PreparedClaim]:
-    if not isinstance(raw, Mapping) or raw.get("format") != FORMAT:
-        raise StateError(f"not a state of format {FORMAT}")
+    if not isinstance(raw, Mapping) or raw.get("format") not in READABLE:
+        raise StateError(f"not a state of format {' or '.join(map(str, READABLE))}")
     claims = raw.get("claims")
     if not isinstance(claims, Mapping):
         raise StateError("claims is not an object")

@@ -16,6 +16,7 @@ GROUP = "/apis/resource.k8s.io/v1"
 SLICES_PATH = GROUP + "/resourceslices"
 SLICE_PATH = SLICES_PATH + "/{name}"
 CLAIM_PATH = GROUP + "/namespaces/{namespace}/resourceclaims/{name}"
+CLAIM_STATUS_PATH = CLAIM_PATH + "/status"
 CLAIMS_PATH = GROUP + "/resourceclaims"
 TEMPLATES_PATH = GROUP + "/namespaces/{namespace}/resourceclaimtemplates"
 TEMPLATE_PATH = TEMPLATES_PATH + "/{name}"
@@ -27,6 +28,23 @@ class RawResourceV1Api(_Calls):
     ) -> BaseHTTPResponse:
         where = {"name": name, "namespace": namespace}
         return self._call("GET", CLAIM_PATH, where, timeout=_request_timeout)
+
+    def replace_namespaced_resource_claim_status(
+        self,
+        name: str,
+        namespace: str,
+        body: Mapping[str, Any],
+        *,
+        _request_timeout: Timeout = None,
+    ) -> BaseHTTPResponse:
+        return self._call(
+            "PUT",
+            CLAIM_STATUS_PATH,
+            {"name": name, "namespace": namespace},
+            body=body,
+            content_type=JSON,
+            timeout=_request_timeout,
+        )
 
     def read_namespaced_resource_claim_template(
         self, name: str, namespace: str, *, _request_timeout: Timeout = None

@@ -19,14 +19,15 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from gas.host import discovery
+from gas.host.cards import Card
+from gas.host.errors import NodeError
+from gas.host.kubeapi import core_api
+from gas.host.watch import card_watcher
 from gas.kubeapi.core import RawCoreV1Api
 from gas.kubeapi.events import EventSender
-from gas.node import discovery
-from gas.node.cards import Card
 from gas.node.devices import cards_by_resource
-from gas.node.errors import NodeError
 from gas.node.handout import HandoutWriter
-from gas.node.kubeapi import core_api
 from gas.node.matcher import PodMatcher
 from gas.node.metrics import NodeMetrics
 from gas.node.plugin import DevicePlugin, Reporter
@@ -138,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         plugins.update(cards)
         return publish(cards)
 
-    watcher = _watcher(args, discover, on_change, stop)
+    watcher = card_watcher(args, discover, on_change, stop)
     log.info("gas node on %s: %d shares per card", node, args.shares_per_card)
     watcher_thread = threading.Thread(
         target=watcher.run, args=(stop.is_set,), name="card-watcher", daemon=True
@@ -181,24 +182,3 @@ def _reconcile(
     count = writer.reconcile(cache.pods(), held)
     if count:
         log.info("gas-node-cards recorded afresh for %d pod(s)", count)
-
-
-def _watcher(
-    args: argparse.Namespace,
-    discover: Callable[[], list[Card]],
-    on_change: Callable[[list[Card]], bool],
-    stop: threading.Event,
-) -> discovery.CardWatcher:
-    if args.sysfs_root is not None:
-
-        def no_events(timeout: float | None) -> str | None:
-            stop.wait(1.0 if timeout is None else timeout)
-            return None
-
-        return discovery.CardWatcher(
-            discover, on_change, no_events, resync=args.rescan or 5.0, debounce=0.2
-        )
-    monitor = discovery.card_monitor()
-    return discovery.CardWatcher(
-        discover, on_change, discovery.udev_card_events(monitor), resync=args.rescan or 600.0
-    )

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gas.core.model import sort_cards
-from gas.node.cards import Card
+from gas.host.cards import Card
 from gas.node.devices import DeviceIdError, id_order, ids_by_card
 
 ZE_AFFINITY_MASK = "ZE_AFFINITY_MASK"

@@ -20,9 +20,9 @@ from typing import Any
 
 from gas.core.model import TILES
 from gas.core.quantity import QuantityError, parse_quantity
+from gas.host.cards import Card
+from gas.host.kubeapi import merge_patch, read_node
 from gas.kubeapi.core import RawCoreV1Api
-from gas.node.cards import Card
-from gas.node.kubeapi import merge_patch, read_node
 
 MEMORY = "gpu.intel.com/memory.max"
 MILLICORES = "gpu.intel.com/millicores"

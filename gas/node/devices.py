@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gas.core.model import I915, XE, card_number, sort_cards
-from gas.node.cards import Card
+from gas.host.cards import Card
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"

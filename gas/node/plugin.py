@@ -23,11 +23,11 @@ from typing import NoReturn
 
 import grpc
 
+from gas.host.cards import Card
 from gas.kubeapi.events import EventSender
 from gas.node.allocation import AllocationError, ContainerGrant, grant
 from gas.node.api.deviceplugin.v1beta1 import api_pb2 as pb
 from gas.node.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from gas.node.cards import Card
 from gas.node.devices import HEALTHY, UNHEALTHY, Device, device_list
 from gas.node.handout import HandoutWriter, cards_of_ids, handed_out
 from gas.node.identify import GAS, UNMANAGED, Candidate, Decision

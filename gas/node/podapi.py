@@ -51,7 +51,7 @@ class NodeApi:
     """The calls of one `gas node`, all about pods on `node`."""
 
     def __init__(self, core: RawCoreV1Api, node: str) -> None:
-        """`core`: the client (`gas.node.kubeapi.core_api`)."""
+        """`core`: the client (`gas.host.kubeapi.core_api`)."""
         self.node = node
         self._core = core
         self._selector = f"spec.nodeName={node}"

@@ -1,9 +1,9 @@
 """Keeping a node's labels and GPU capacity true to its cards.
 
 `NodePublisher.publish(cards)` reads the node once, then writes what differs: its labels
-(`gas.node.labels.labels_for`, one merge patch of the node) and its capacity
+(`gas.host.labels.labels_for`, one merge patch of the node) and its capacity
 (`gas.node.capacity.capacity_for`, one merge patch of `nodes/<name>/status`). It is the
-`on_change` of a `gas.node.discovery.CardWatcher`, which calls it again after a failure.
+`on_change` of a `gas.host.watch.CardWatcher`, which calls it again after a failure.
 
 gas divides the node's allocatable by the number of cards in its labels, so the two writes
 are ordered to never make a card look bigger than it is:
@@ -24,6 +24,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gas.core.model import SpecError, node_cards
+from gas.host.cards import Card
+from gas.host.kubeapi import describe_api_error, read_node
+from gas.host.labels import (
+    NODE_EXACT_LABELS,
+    label_changes,
+    labels_for,
+    labels_of,
+    managed_bases,
+    patch_labels,
+)
 from gas.node.capacity import (
     CAPACITY_KEYS,
     allocatable_of,
@@ -32,16 +42,6 @@ from gas.node.capacity import (
     capacity_for,
     capacity_of,
     patch_capacity,
-)
-from gas.node.cards import Card
-from gas.node.kubeapi import describe_api_error, read_node
-from gas.node.labels import (
-    NODE_EXACT_LABELS,
-    label_changes,
-    labels_for,
-    labels_of,
-    managed_bases,
-    patch_labels,
 )
 
 log = logging.getLogger(__name__)

@@ -2,10 +2,10 @@
 
 A thin command over the node side's modules, each tested alone:
 
-1. discovery (`gas.node.discovery`): DRM `card<N>` devices whose parent device is on the
+1. discovery (`gas.host.discovery`): DRM `card<N>` devices whose parent device is on the
    PCI bus, as `Card` records, either through udev (pyudev, the default) or by reading a
    sysfs tree directly (`--sysfs-root`), filtered by `--vendor`;
-2. labels (`gas.node.labels`): a pure function of the cards, and the change against the
+2. labels (`gas.host.labels`): a pure function of the cards, and the change against the
    node's current labels, which also removes labels that are no longer true;
 3. the write: one JSON merge patch of the node's labels, or none when nothing changed.
 
@@ -26,20 +26,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from gas.node.cards import Card
-from gas.node.discovery import (
+from gas.host.cards import Card
+from gas.host.discovery import (
     INTEL,
-    card_monitor,
     normalize_vendor,
     pci_cards_sysfs,
     pci_cards_udev,
-    udev_card_events,
     udev_context,
-    watch_loop,
 )
-from gas.node.errors import NodeError
-from gas.node.kubeapi import core_api, describe_api_error
-from gas.node.labels import LABEL_NUMA_GPU_MAP, apply_labels, card_labels, managed_bases
+from gas.host.errors import NodeError
+from gas.host.kubeapi import core_api, describe_api_error
+from gas.host.labels import LABEL_NUMA_GPU_MAP, apply_labels, card_labels, managed_bases
+from gas.host.watch import card_monitor, udev_card_events, watch_loop
 
 log = logging.getLogger(__name__)
 

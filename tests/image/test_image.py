@@ -136,7 +136,7 @@ def test_cards_found_in_a_sysfs_tree_mounted_where_the_node_agent_has_it(
     program = (
         "import json\n"
         "from gas.cli import build_parser\n"
-        "from gas.node.discovery import discoverer\n"
+        "from gas.host.discovery import discoverer\n"
         "args = build_parser().parse_args(['node', '--sysfs-root=/sys'])\n"
         "print(json.dumps([[c.name, c.driver, c.render_node, c.tiles, c.memory, c.numa_node,"
         " c.pci_address] for c in discoverer(args)()]))\n"

@@ -23,6 +23,7 @@ from tests.support.apiserver import ApiServerDouble
 from tests.support.drakubelet import ClaimRef
 from tests.support.draproc import DraRig, share
 from tests.support.fakesysfs import FakeCard
+from tests.support.polling import wait_for
 
 CLAIM_GET = r"^/apis/resource\.k8s\.io/v1/namespaces/[^/]+/resourceclaims/"
 
@@ -53,13 +54,27 @@ def env_of(spec: dict[str, Any]) -> list[list[str]]:
     return [device["containerEdits"].get("env", []) for device in spec["devices"]]
 
 
+def claim_status(rig: DraRig, claim: ClaimRef) -> list[dict[str, Any]]:
+    stored = rig.api.get_object("resourceclaims", claim.name, claim.namespace)
+    return list((stored or {}).get("status", {}).get("devices") or [])
+
+
+def masks_of(spec: dict[str, Any]) -> list[list[str]]:
+    """Each device's tile mask (its share variables aside)."""
+    return [[e for e in env if e.startswith("ZE_AFFINITY_MASK=")] for env in env_of(spec)]
+
+
 def test_registers_as_the_kubelet_expects(rig: DraRig) -> None:
     info = rig.start_registered().kubelet.info
     assert info is not None
     assert info.type == "DRAPlugin"
     assert info.name == DRIVER
     assert info.endpoint == str(rig.kubelet_root / "plugins" / DRIVER / "dra.sock")
-    assert list(info.supported_versions) == ["v1.DRAPlugin"]
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin",
+        "v1.DRAResourceHealth",
+        "v1alpha1.DRAResourceHealth",
+    ]
     assert rig.kubelet.service == "v1.DRAPlugin"
     assert (rig.kubelet_root / "plugins_registry" / f"{DRIVER}-reg.sock").exists()
     assert "registered with the kubelet" in rig.log()
@@ -84,9 +99,38 @@ def test_prepare_writes_the_claims_cdi_spec_and_unprepare_removes_it(rig: DraRig
     host = [n["hostPath"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
     assert host == [str(rig.devfs / "dri" / "card1"), str(rig.devfs / "dri" / "renderD129")]
     assert all(os.path.exists(p) for p in host)
-    assert env_of(spec) == [[]]  # no tiles asked: the whole card, no mask
+    # No tiles asked: the whole card, no mask; its share of card1, as the result consumes.
+    assert env_of(spec) == [["GAS_CARD1_MEMORY_BYTES=1073741824", "GAS_CARD1_MILLICORES=100"]]
     state = json.loads((rig.state_dir / "prepared-claims.json").read_text())
     assert list(state["claims"]) == [claim.uid]
+
+    # What was prepared is in the claim's status (written beside the answer).
+    status = wait_for(lambda: claim_status(rig, claim), 20, "the claim's status.devices")
+    assert status == [
+        {
+            "driver": DRIVER,
+            "pool": "n1",
+            "device": "card1",
+            "shareID": result["shareID"],
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "Prepared",
+                    "message": "prepared on node n1",
+                    "lastTransitionTime": status[0]["conditions"][0]["lastTransitionTime"],
+                }
+            ],
+            "data": {
+                "request": "gpu",
+                "cdiDeviceID": f"{DRIVER}/gpu={claim.uid}-card1",
+                "environment": {
+                    "GAS_CARD1_MEMORY_BYTES": "1073741824",
+                    "GAS_CARD1_MILLICORES": "100",
+                },
+            },
+        }
+    ]
 
     # The same call again (a kubelet retry, or after its restart) answers the same, from
     # the state, without reading the claim again.
@@ -98,6 +142,8 @@ def test_prepare_writes_the_claims_cdi_spec_and_unprepare_removes_it(rig: DraRig
     assert rig.kubelet.unprepare([claim]).claims[claim.uid].error == ""
     assert rig.spec_files() == []
     assert json.loads((rig.state_dir / "prepared-claims.json").read_text())["claims"] == {}
+    # Its entries leave the claim's status with it.
+    wait_for(lambda: not claim_status(rig, claim), 20, "status.devices emptied")
     # Unprepare is idempotent, also for a claim never prepared here.
     never = ClaimRef("default", "ghost", "00000000-0000-4000-8000-00000000dead")
     assert rig.kubelet.unprepare([claim, never]).claims[never.uid].error == ""
@@ -113,15 +159,15 @@ def test_two_claims_on_one_card_are_told_apart_and_get_distinct_tiles(rig: DraRi
     assert len(shares) == 3
     ids = {answers[c.uid].devices[0].cdi_device_ids[0] for c in (first, second, whole)}
     assert len(ids) == 3
-    assert env_of(spec_of(rig, first)) == [["ZE_AFFINITY_MASK=0"]]
-    assert env_of(spec_of(rig, second)) == [["ZE_AFFINITY_MASK=1,2"]]
-    assert env_of(spec_of(rig, whole)) == [[]]
+    assert masks_of(spec_of(rig, first)) == [["ZE_AFFINITY_MASK=0"]]
+    assert masks_of(spec_of(rig, second)) == [["ZE_AFFINITY_MASK=1,2"]]
+    assert masks_of(spec_of(rig, whole)) == [[]]
     # Unpreparing one leaves the other's spec, and frees its tiles for the next claim.
     rig.kubelet.unprepare([first])
     assert spec_of(rig, second)["devices"][0]["name"] == f"{second.uid}-card2"
     third = rig.add_claim("d", [share("gpu", "card2", tiles="2")])
     assert rig.kubelet.prepare([third]).claims[third.uid].error == ""
-    assert env_of(spec_of(rig, third)) == [["ZE_AFFINITY_MASK=0,3"]]
+    assert masks_of(spec_of(rig, third)) == [["ZE_AFFINITY_MASK=0,3"]]
 
 
 def test_one_claim_with_two_requests_and_a_prioritized_subrequest(rig: DraRig) -> None:
@@ -145,8 +191,9 @@ def test_one_claim_with_two_requests_and_a_prioritized_subrequest(rig: DraRig) -
         ["/dev/dri/card0", "/dev/dri/renderD128"],
         ["/dev/dri/card1", "/dev/dri/renderD129"],
     ]
-    # card0 (one tile, whole) is tile 0; card1's first tile comes after it.
-    assert env_of(spec) == [["ZE_AFFINITY_MASK=0,1"]] * 2
+    # card0 (one tile, whole) is tile 0; card1's first tile comes after it. The mask goes
+    # with the device that holds part of its card.
+    assert masks_of(spec) == [[], ["ZE_AFFINITY_MASK=0,1"]]
 
 
 def test_claim_errors_fail_that_claim_only(rig: DraRig) -> None:
@@ -195,7 +242,7 @@ def test_concurrent_prepares_each_get_their_own_tiles(rig: DraRig) -> None:
     for thread in threads:
         thread.join(timeout=60)
     assert all(answers[c.uid].error == "" for c in claims)
-    masks = sorted(env_of(spec_of(rig, c))[0][0] for c in claims)
+    masks = sorted(masks_of(spec_of(rig, c))[0][0] for c in claims)
     assert masks == [f"ZE_AFFINITY_MASK={t}" for t in range(4)]
     # A fifth finds every tile held.
     fifth = rig.add_claim("t4", [share("gpu", "card2", tiles="1")])
@@ -216,8 +263,8 @@ def test_a_restart_between_prepare_and_unprepare(rig: DraRig) -> None:
     # The tile held before the restart stays held.
     other = rig.add_claim("other", [share("gpu", "card1", tiles="1")])
     assert rig.kubelet.prepare([other]).claims[other.uid].error == ""
-    assert env_of(spec_of(rig, held)) == [["ZE_AFFINITY_MASK=0"]]
-    assert env_of(spec_of(rig, other)) == [["ZE_AFFINITY_MASK=1"]]
+    assert masks_of(spec_of(rig, held)) == [["ZE_AFFINITY_MASK=0"]]
+    assert masks_of(spec_of(rig, other)) == [["ZE_AFFINITY_MASK=1"]]
     # The claim is deleted from the API server before the kubelet unprepares it.
     rig.api.delete_object("resourceclaims", "held", "default")
     rig.stop()

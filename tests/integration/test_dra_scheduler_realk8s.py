@@ -20,8 +20,8 @@ from kubernetes import client
 
 from gas.core.quantity import parse_quantity
 from gas.dra.driver import DRIVER
-from gas.dra.slices import PciFacts, resource_slice
-from gas.node.cards import Card
+from gas.dra.slices import PciFacts, plain, resource_slice
+from gas.host.cards import Card
 from tests.support import realk8s
 from tests.support.objects import gpu_node
 from tests.support.polling import wait_for
@@ -63,7 +63,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[realk8s.ControlP
             realk8s.add_schedulable_node(core, gpu_node(name, ""))
             uid = core.read_node(name).to_dict()["metadata"]["uid"]
             body = resource_slice(
-                name, uid, [c for c, _ in cards], {c.name: f for c, f in cards}, 1
+                name, uid, plain([c for c, _ in cards], {c.name: f for c, f in cards}), 1
             )
             status, answer = plane.request("POST", f"{RESOURCE}/resourceslices", body)
             assert status == 201, answer

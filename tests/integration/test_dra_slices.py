@@ -185,4 +185,4 @@ def test_a_malformed_xe_link_label_publishes_no_groups_and_says_why(
     rig.start_registered()
     devices = the_slice(rig)["spec"]["devices"]
     assert [d for d in devices if "xeLinkGroup" in d["attributes"]] == []
-    wait_for(lambda: "no Xe Link groups published for node n1" in rig.log(), 20, "the warning")
+    wait_for(lambda: "node n1: no Xe Link groups published" in rig.log(), 20, "the warning")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gas.cli import main
-from gas.dra.slices import PciFacts, resource_slice
+from gas.dra.slices import PciFacts, plain, resource_slice
 from tests.support.apiserver import ApiServerDouble
 from tests.support.objects import gpu_node, intel_cards
 
@@ -28,7 +28,9 @@ def add_dra_node(api: ApiServerDouble, node: str, count: int) -> None:
     """A node as `gas dra` leaves it: the Node, and its slice of `count` 16 GiB cards."""
     stored = api.add_node({"metadata": {"name": node, "labels": {"gpu.gas.intel.com/dra": "true"}}})
     cards = intel_cards(count, 16 * GI)
-    body = resource_slice(node, stored["metadata"]["uid"], cards, {c.name: FLEX for c in cards}, 1)
+    body = resource_slice(
+        node, stored["metadata"]["uid"], plain(cards, {c.name: FLEX for c in cards}), 1
+    )
     api.add_object("resourceslices", body)
 
 

@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 
 from gas.cli import _go_style, build_parser
 from gas.core.model import LABEL_CARDS, LABEL_GPU_NUMBERS, node_cards, read_split_label
-from gas.node import discovery, kubeapi
-from gas.node.cards import Card
-from gas.node.discovery import cards_from_udev
-from gas.node.labels import (
+from gas.host import discovery, kubeapi, watch
+from gas.host.cards import Card
+from gas.host.discovery import cards_from_udev
+from gas.host.labels import (
     LABEL_NUMA_GPU_MAP,
     card_labels,
     label_changes,
@@ -470,7 +470,7 @@ class Script:
 
 
 def _watch(script: Script, debounce: float = 1.0, resync: float = 0.0) -> list[float]:
-    discovery.watch_loop(
+    watch.watch_loop(
         script.relabel,
         script.next_event,
         debounce=debounce,
@@ -519,7 +519,7 @@ def test_udev_events_only_count_cards_coming_and_going() -> None:
         None,
         FakeDevice("card1", action="remove"),
     ]
-    next_event = discovery.udev_card_events(Monitor(devices))
+    next_event = watch.udev_card_events(Monitor(devices))
     seen = [next_event(0.1) for _ in range(7)]
     assert seen == ["add card1", None, None, None, None, None, "remove card1"]
 
@@ -527,10 +527,10 @@ def test_udev_events_only_count_cards_coming_and_going() -> None:
 def test_a_real_kernel_event_monitor_starts() -> None:
     pytest.importorskip("pyudev")
     try:
-        monitor = discovery.card_monitor()
+        monitor = watch.card_monitor()
     except OSError as exc:
         pytest.skip(f"no uevent netlink socket here: {exc}")
-    assert discovery.udev_card_events(monitor)(0) is None
+    assert watch.udev_card_events(monitor)(0) is None
 
 
 # ---------------------------------------------------------------- the node patch

@@ -26,9 +26,9 @@ from gas.core.model import (
     LABEL_DESCHEDULE_POD,
     LABEL_GPU_NUMBERS,
 )
+from gas.host.discovery import discover_sysfs
+from gas.host.kubeapi import core_api as node_core_api
 from gas.node.capacity import MEMORY
-from gas.node.discovery import discover_sysfs
-from gas.node.kubeapi import core_api as node_core_api
 from gas.node.publish import NodePublisher
 from tests.support.apiserver import (
     ApiServerDouble,

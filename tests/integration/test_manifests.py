@@ -1259,17 +1259,17 @@ DEVICE_PLUGIN_CALLS = {
 def test_node_modules_are_those_gas_node_runs() -> None:
     modules = node_modules()
     assert {
-        "gas.node.discovery",
-        "gas.node.labels",
+        "gas.host.discovery",
+        "gas.host.labels",
         "gas.node.capacity",
         "gas.node.publish",
-        "gas.node.kubeapi",
+        "gas.host.kubeapi",
         "gas.kubeapi.core",
     } <= set(modules)
     # The extender's and the operator commands' modules run under other credentials; the
     # HTTP server of its metrics port makes no API call.
     layers = {m.split(".")[1] for m in modules}
-    assert layers <= {"node", "kubeapi", "core", "httpserver"}, sorted(modules)
+    assert layers <= {"node", "host", "kubeapi", "core", "httpserver"}, sorted(modules)
 
 
 def test_node_rbac_grants_exactly_what_the_code_calls() -> None:

@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 
 from gas.core.model import LABEL_CARDS, LABEL_GPU_NUMBERS
+from gas.host.discovery import discover_sysfs
+from gas.host.kubeapi import core_api
+from gas.host.labels import LABEL_TILES
+from gas.host.watch import CardWatcher
 from gas.node.capacity import MEMORY, MILLICORES, apply_capacity
-from gas.node.discovery import CardWatcher, discover_sysfs
-from gas.node.kubeapi import core_api
-from gas.node.labels import LABEL_TILES
 from gas.node.publish import NodePublisher
 from tests.support.apiserver import ApiServerDouble
 from tests.support.fakesysfs import GIB, FakeCard, add_card, remove_card, write_sysfs

@@ -1,4 +1,4 @@
-"""`gas node`'s Kubernetes client (`gas.kubeapi.core.RawCoreV1Api`, as `gas.node.kubeapi`
+"""`gas node`'s Kubernetes client (`gas.kubeapi.core.RawCoreV1Api`, as `gas.host.kubeapi`
 loads it) against the API-server double: each call the agent makes sends what its
 `CoreV1Api` namesake sends and has the same effect, errors come back as the client's
 `ApiException`, and the agent's process never loads the generated `CoreV1Api` or its models
@@ -16,8 +16,8 @@ from typing import Any
 import kubernetes
 import pytest
 
+from gas.host.kubeapi import core_api
 from gas.kubeapi.core import MERGE_PATCH
-from gas.node.kubeapi import core_api
 from gas.node.podapi import NodeApi, event_body
 from tests.support.apiserver import ApiServerDouble
 from tests.support.objects import container, gpu_node, gpu_pod
@@ -200,8 +200,8 @@ def test_the_agents_process_never_loads_the_generated_api_or_its_models(
 import sys
 from gas.cli import build_parser
 import gas.node.agent
-from gas.node.kubeapi import core_api, read_node
-from gas.node.labels import patch_labels
+from gas.host.kubeapi import core_api, read_node
+from gas.host.labels import patch_labels
 from gas.node.podapi import NodeApi, event_body
 build_parser()
 core = core_api({kubeconfig!r})

@@ -64,6 +64,8 @@ class DraRig:
         cards: list[FakeCard],
         log_dir: Path,
         extra: Iterable[str] = (),
+        pod_uid: str = "",
+        metrics_port: int = 0,
     ) -> None:
         self.api = api
         self.kubeconfig = kubeconfig
@@ -76,9 +78,12 @@ class DraRig:
         self.cdi_dir = self.root / "cdi"
         self.state_dir = self.root / "state"
         self.kubelet = DraKubeletDouble(self.kubelet_root)
-        self.log_path = log_dir / f"gas-dra-{node}.log"
+        self.log_path = log_dir / f"gas-dra-{node}{'-' + pod_uid if pod_uid else ''}.log"
         self.extra = list(extra)
+        self.pod_uid = pod_uid
+        self.metrics_port = metrics_port
         self.process: subprocess.Popen[bytes] | None = None
+        self.twin_of: DraRig | None = None
         if api.get_node(node) is None:
             api.add_node({"metadata": {"name": node}})
 
@@ -103,8 +108,12 @@ class DraRig:
             "--state-dir",
             str(self.state_dir),
             "--metrics-port",
-            "0",
+            str(self.metrics_port),
+            "--metrics-host",
+            "127.0.0.1",
             "--rescan",
+            "0.3",
+            "--health-interval",
             "0.3",
             *self.extra,
         ]
@@ -113,6 +122,9 @@ class DraRig:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop("KUBECONFIG", None)
         env.pop("NODE_NAME", None)
+        env.pop("POD_UID", None)
+        if self.pod_uid:
+            env["POD_UID"] = self.pod_uid
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, env=env
@@ -122,10 +134,30 @@ class DraRig:
     def start_registered(self) -> DraRig:
         self.start()
         try:
-            self.kubelet.register(timeout=30)
+            self.kubelet.register(timeout=30, socket=self.registration_name())
         except TimeoutError:
             raise TimeoutError(f"gas dra did not register:\n{self.log()}") from None
         return self
+
+    def registration_name(self) -> str | None:
+        """The name of this instance's registration socket (None: whichever there is)."""
+        from gas.dra.driver import registration_socket
+
+        if not self.pod_uid:
+            return None
+        return Path(registration_socket(str(self.kubelet_root), self.pod_uid)).name
+
+    def twin(self, pod_uid: str, log_dir: Path) -> DraRig:
+        """A second gas dra of this node, as a rolling update starts one: the same cards,
+        kubelet root, CDI and state folders, another pod UID, a kubelet double of its own."""
+        other = DraRig.__new__(DraRig)
+        other.__dict__.update(self.__dict__)
+        other.pod_uid = pod_uid
+        other.kubelet = DraKubeletDouble(self.kubelet_root)
+        other.log_path = log_dir / f"gas-dra-{self.node}-{pod_uid}.log"
+        other.process = None
+        other.twin_of = self
+        return other
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -168,4 +200,5 @@ class DraRig:
 
     def close(self) -> None:
         self.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
+        if self.twin_of is None:
+            shutil.rmtree(self.root, ignore_errors=True)

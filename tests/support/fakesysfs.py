@@ -8,7 +8,8 @@ Each card is a PCI device `devices/pci0000:00/<address>` (vendor, device, numa_n
 sriov_numvfs, a `driver` link into `bus/pci/drivers/<driver>`, xe's `tile<N>` folders) with
 `drm/card<N>` (i915's `lmem_total_bytes` and `gt/gt<N>`, a connector) and `drm/renderD<M>`
 beside it, both linked from `class/drm`. `remove_card` and `add_card` unplug and plug a card
-back, as the kernel removes and adds those entries.
+back, as the kernel removes and adds those entries; `unbind_card` and `bind_card` unbind its
+driver (the PCI function stays) and bind it again.
 """
 
 from __future__ import annotations
@@ -114,6 +115,25 @@ def add_card(sysfs: Path, card: FakeCard) -> None:
             write_file(pci / f"tile{tile}" / "physical_vram_size_bytes", "0\n")
         else:
             write_file(drm / "gt" / f"gt{tile}" / "id", f"{tile}\n")
+
+
+def unbind_card(sysfs: Path, card: FakeCard) -> None:
+    """Unbind the card's driver, as `echo <address> > .../drivers/<driver>/unbind` does: the
+    DRM devices the driver made go (their `class/drm` links and folders), the PCI function
+    stays, with no `driver` link."""
+    pci = _pci_dir(sysfs, card)
+    for name in (f"card{card.number}", f"card{card.number}-DP-1", card.render_node):
+        if name is not None:
+            (sysfs / "class" / "drm" / name).unlink(missing_ok=True)
+    shutil.rmtree(pci / "drm", ignore_errors=True)
+    (pci / "driver").unlink(missing_ok=True)
+
+
+def bind_card(sysfs: Path, card: FakeCard) -> None:
+    """Bind the driver again: the `driver` link and the DRM devices come back."""
+    shutil.rmtree(_pci_dir(sysfs, card))
+    (sysfs / "bus" / "pci" / "devices" / card.pci_address).unlink()
+    add_card(sysfs, card)
 
 
 def remove_card(sysfs: Path, card: FakeCard) -> None:

@@ -153,7 +153,7 @@ class GasProcess:
         # REQUESTS_CA_BUNDLE and proxy variables would override the session's own settings.
         self.session.trust_env = False
         # As kube-scheduler's Go client: no Connection field on HTTP/1.1, so that its POSTs
-        # are those gas answers without gunicorn's parser (gas/serving/direct.py).
+        # are those gas answers without gunicorn's parser (gas/httpserver/direct.py).
         del self.session.headers["Connection"]
 
     @property

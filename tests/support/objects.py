@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gas.core.model import ANNOTATION_CARDS, ANNOTATION_TS, LABEL_GPU_NUMBERS, NodeGpu
-from gas.node.cards import Card
+from gas.host.cards import Card
 
 PREFIX = "gpu.intel.com/"
 MEM = PREFIX + "memory.max"

@@ -1,4 +1,4 @@
-"""The answers the serving loop frames itself over HTTP/1.1 (gas/serving/direct.py), and
+"""The answers the serving loop frames itself over HTTP/1.1 (gas/httpserver/direct.py), and
 the POSTs the extender answers without a WSGI environ."""
 
 from __future__ import annotations

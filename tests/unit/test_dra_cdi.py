@@ -1,13 +1,13 @@
-"""The CDI spec of a prepared claim: one device per card the claim holds, the card's two
-device nodes, and the tile mask only when the claim holds part of a card's tiles."""
+"""The CDI spec of a prepared claim: one device per card the claim holds, with the card's two
+device nodes and the environment planned for it (tests/unit/test_dra_environment.py)."""
 
 from __future__ import annotations
 
 import json
 import re
 
-from gas.dra.cdi import Grant, claim_spec, qualified_name, spec_file_name, tile_mask
-from gas.node.cards import Card
+from gas.dra.cdi import claim_spec, qualified_name, spec_file_name
+from gas.host.cards import Card
 
 UID = "7d3b1c9e-0000-4000-8000-000000000001"
 CDI_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.:-]*$")
@@ -19,7 +19,7 @@ def card(number: int, tiles: int = 1, render: str | None = "auto") -> Card:
 
 
 def test_one_device_per_card_with_its_device_nodes() -> None:
-    spec = claim_spec(UID, [Grant(card(1))], "/dev")
+    spec = claim_spec(UID, [(card(1), {})], "/dev")
     assert spec == {
         "cdiVersion": "0.6.0",
         "kind": "gpu.gas.intel.com/gpu",
@@ -48,14 +48,14 @@ def test_one_device_per_card_with_its_device_nodes() -> None:
 
 
 def test_host_paths_follow_the_devfs_root() -> None:
-    spec = claim_spec(UID, [Grant(card(0))], "/host/dev/")
+    spec = claim_spec(UID, [(card(0), {})], "/host/dev/")
     nodes = spec["devices"][0]["containerEdits"]["deviceNodes"]
     assert [n["hostPath"] for n in nodes] == ["/host/dev/dri/card0", "/host/dev/dri/renderD128"]
     assert [n["path"] for n in nodes] == ["/dev/dri/card0", "/dev/dri/renderD128"]
 
 
 def test_a_card_without_render_node_gives_the_card_node_only() -> None:
-    spec = claim_spec(UID, [Grant(card(0, render=None))], "/dev")
+    spec = claim_spec(UID, [(card(0, render=None), {})], "/dev")
     assert [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]] == [
         "/dev/dri/card0"
     ]
@@ -66,33 +66,8 @@ def test_names_and_ids() -> None:
     assert qualified_name(UID, "card3") == f"gpu.gas.intel.com/gpu={UID}-card3"
 
 
-def test_no_mask_for_whole_cards_or_single_tile_cards() -> None:
-    assert tile_mask([Grant(card(0, tiles=2))]) is None
-    assert tile_mask([Grant(card(0, tiles=1), (0,))]) is None
-    assert tile_mask([Grant(card(0, tiles=2), (0, 1))]) is None
-    spec = claim_spec(UID, [Grant(card(0, tiles=2))], "/dev")
-    assert "env" not in spec["devices"][0]["containerEdits"]
-
-
-def test_mask_of_some_tiles_of_a_card() -> None:
-    assert tile_mask([Grant(card(0, tiles=2), (1,))]) == "1"
-    assert tile_mask([Grant(card(5, tiles=4), (1, 2))]) == "1,2"
-    spec = claim_spec(UID, [Grant(card(0, tiles=2), (1,))], "/dev")
-    assert spec["devices"][0]["containerEdits"]["env"] == ["ZE_AFFINITY_MASK=1"]
-
-
-def test_mask_over_several_cards_counts_the_tiles_of_the_cards_before() -> None:
-    grants = [Grant(card(3, tiles=2), (1,)), Grant(card(1, tiles=2))]
-    # card1 comes first (numeric order), whole: tiles 0 and 1; card3's tile 1 is 2+1.
-    assert tile_mask(grants) == "0,1,3"
-    spec = claim_spec(UID, grants, "/dev")
+def test_a_devices_environment_is_written_sorted_and_only_when_there_is_one() -> None:
+    spec = claim_spec(UID, [(card(3), {"B": "2", "A": "1"}), (card(1), {})], "/dev")
     assert [d["name"] for d in spec["devices"]] == [f"{UID}-card1", f"{UID}-card3"]
-    assert all(d["containerEdits"]["env"] == ["ZE_AFFINITY_MASK=0,1,3"] for d in spec["devices"])
-
-
-def test_a_card_held_twice_by_one_claim_is_one_device() -> None:
-    spec = claim_spec(UID, [Grant(card(0, tiles=4), (0,)), Grant(card(0, tiles=4), (2,))], "/dev")
-    assert len(spec["devices"]) == 1
-    assert spec["devices"][0]["containerEdits"]["env"] == ["ZE_AFFINITY_MASK=0,2"]
-    whole = claim_spec(UID, [Grant(card(0, tiles=4), (0,)), Grant(card(0, tiles=4))], "/dev")
-    assert "env" not in whole["devices"][0]["containerEdits"]
+    assert "env" not in spec["devices"][0]["containerEdits"]
+    assert spec["devices"][1]["containerEdits"]["env"] == ["A=1", "B=2"]

@@ -51,7 +51,7 @@ def test_results_of_this_driver_and_pool() -> None:
     )
     assert found == [
         Result("gpu", "n1", "card1", None, 0),
-        Result("big/fast", "n1", "card0", "s-1", 2),
+        Result("big/fast", "n1", "card0", "s-1", 2, memory=4 * 1024**3),
     ]
     assert found[1].base_request == "big"
 

@@ -28,7 +28,7 @@ def test_generated_modules_are_fresh(tmp_path: Path) -> None:
         capture_output=True,
     )
     protos = sorted(API.rglob("*.proto"))
-    assert len(protos) == 3
+    assert len(protos) == 4
     stale = []
     for proto in protos:
         for name in GENERATED:

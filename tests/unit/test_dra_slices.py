@@ -16,15 +16,18 @@ from gas.dra.driver import DRIVER
 from gas.dra.pcifacts import facts_of, pcie_root
 from gas.dra.slices import (
     MEMORY_STEP,
+    CardState,
     PciFacts,
     devices_differ,
     dropped_fields,
     memory_capacity,
+    plain,
+    published,
     resource_slice,
     slice_spec,
 )
-from gas.node.cards import Card
-from gas.node.discovery import discover_sysfs
+from gas.host.cards import Card
+from gas.host.discovery import discover_sysfs
 from tests.support.fakesysfs import GIB, FakeCard, write_sysfs
 
 MIB = 1024**2
@@ -114,7 +117,7 @@ def test_the_driver_name_is_a_dns_subdomain_of_its_own() -> None:
 
 
 def test_one_pool_per_node_one_slice_one_device_per_card_in_card_order() -> None:
-    spec = slice_spec("node-a", [card(10), card(2)], {}, generation=4)
+    spec = slice_spec("node-a", plain([card(10), card(2)], {}), generation=4)
     assert spec["driver"] == DRIVER
     assert spec["nodeName"] == "node-a"
     assert spec["pool"] == {"name": "node-a", "generation": 4, "resourceSliceCount": 1}
@@ -123,12 +126,14 @@ def test_one_pool_per_node_one_slice_one_device_per_card_in_card_order() -> None
 
 
 def test_a_node_without_cards_keeps_an_empty_slice() -> None:
-    assert slice_spec("n", [], {}, 1)["devices"] == []
+    assert slice_spec("n", plain([], {}), 1)["devices"] == []
 
 
 def test_attributes_standard_and_gas_own() -> None:
     facts = {"card1": PciFacts("0x56c0", "pci0000:17")}
-    (device,) = slice_spec("n", [card(1, driver="xe", tiles=2, numa_node=1)], facts, 1)["devices"]
+    (device,) = slice_spec("n", plain([card(1, driver="xe", tiles=2, numa_node=1)], facts), 1)[
+        "devices"
+    ]
     assert device["attributes"] == {
         "resource.kubernetes.io/pciBusID": {"string": "0000:04:00.0"},
         "resource.kubernetes.io/pcieRoot": {"string": "pci0000:17"},
@@ -142,7 +147,7 @@ def test_attributes_standard_and_gas_own() -> None:
 
 
 def test_unknown_facts_are_left_out_not_guessed() -> None:
-    (device,) = slice_spec("n", [card(0, numa_node=None)], {"card0": PciFacts("0x1234")}, 1)[
+    (device,) = slice_spec("n", plain([card(0, numa_node=None)], {"card0": PciFacts("0x1234")}), 1)[
         "devices"
     ]
     attributes = device["attributes"]
@@ -153,7 +158,7 @@ def test_unknown_facts_are_left_out_not_guessed() -> None:
 
 
 def test_capacities_and_their_policies() -> None:
-    (device,) = slice_spec("n", [card(0, memory=16 * GIB, tiles=2)], {}, 1)["devices"]
+    (device,) = slice_spec("n", plain([card(0, memory=16 * GIB, tiles=2)], {}), 1)["devices"]
     capacity = device["capacity"]
     assert capacity["memory"] == {
         "value": "16Gi",
@@ -178,7 +183,7 @@ def test_capacities_and_their_policies() -> None:
 )
 @pytest.mark.parametrize("tiles", [1, 2, 4])
 def test_every_device_passes_the_api_validation(memory: int, tiles: int) -> None:
-    (device,) = slice_spec("n", [card(0, memory=memory, tiles=tiles)], {}, 1)["devices"]
+    (device,) = slice_spec("n", plain([card(0, memory=memory, tiles=tiles)], {}), 1)["devices"]
     assert device_problems(device) == []
 
 
@@ -190,7 +195,7 @@ def test_memory_too_small_for_two_steps_has_no_policy() -> None:
 
 
 def test_the_object_is_owned_by_its_node() -> None:
-    obj = resource_slice("n1", "uid-1", [card(0)], {}, 3)
+    obj = resource_slice("n1", "uid-1", plain([card(0)], {}), 3)
     assert obj["apiVersion"] == "resource.k8s.io/v1"
     assert obj["kind"] == "ResourceSlice"
     assert obj["metadata"]["name"] == f"n1-{DRIVER}"
@@ -200,14 +205,14 @@ def test_the_object_is_owned_by_its_node() -> None:
 
 
 def test_the_same_devices_written_otherwise_do_not_differ() -> None:
-    desired = slice_spec("n", [card(0)], {}, 2)
-    stored = slice_spec("n", [card(0)], {}, 7)
+    desired = slice_spec("n", plain([card(0)], {}), 2)
+    stored = slice_spec("n", plain([card(0)], {}), 7)
     stored["devices"][0]["capacity"]["memory"]["value"] = str(16 * GIB)
     stored["devices"][0]["capacity"]["millicores"]["requestPolicy"]["default"] = "0.1k"
     assert not devices_differ(stored, desired)
-    assert devices_differ(slice_spec("n", [card(0), card(1)], {}, 2), desired)
-    assert devices_differ(slice_spec("other", [card(0)], {}, 2), desired)
-    assert devices_differ(slice_spec("n", [card(0, memory=8 * GIB)], {}, 2), desired)
+    assert devices_differ(slice_spec("n", plain([card(0), card(1)], {}), 2), desired)
+    assert devices_differ(slice_spec("other", plain([card(0)], {}), 2), desired)
+    assert devices_differ(slice_spec("n", plain([card(0, memory=8 * GIB)], {}), 2), desired)
 
 
 def test_pci_facts_read_from_a_sysfs_tree(tmp_path: Path) -> None:
@@ -228,7 +233,7 @@ def test_pcie_root_is_the_host_bridge_above_the_device() -> None:
 
 
 def test_fields_the_api_server_dropped_are_named() -> None:
-    sent = slice_spec("n", [card(0), card(1)], {}, 1)
+    sent = slice_spec("n", plain([card(0), card(1)], {}), 1)
     assert dropped_fields(sent, sent) == []
     stripped = copy.deepcopy(sent)
     for device in stripped["devices"][1:]:
@@ -272,8 +277,13 @@ def test_xe_link_groups_join_linked_cards_and_number_them_by_their_lowest_card()
 
 
 def test_xe_link_group_is_an_attribute_of_linked_cards_only() -> None:
-    spec = slice_spec("n", [card(0), card(1), card(2)], {}, 1, {"card0": 0, "card1": 0})
+    from gas.core.model import LABEL_XE_LINKS
+
+    states = [CardState(card(n)) for n in range(3)]
+    linked, notes = published(states, {}, {LABEL_XE_LINKS: "0.0-1.0"})
+    assert notes == []
+    spec = slice_spec("n", linked, 1)
     groups = {d["name"]: d["attributes"].get("xeLinkGroup") for d in spec["devices"]}
     assert groups == {"card0": {"int": 0}, "card1": {"int": 0}, "card2": None}
     # A change of groups is a change of devices: a new generation.
-    assert devices_differ(slice_spec("n", [card(0), card(1), card(2)], {}, 1), spec)
+    assert devices_differ(slice_spec("n", plain([card(0), card(1), card(2)], {}), 1), spec)

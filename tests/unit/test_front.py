@@ -1,4 +1,4 @@
-"""The serving loop's bounds at their edges (gas/serving/front.py, connection.py, http1.py,
+"""The serving loop's bounds at their edges (gas/httpserver/front.py, connection.py, http1.py,
 http2.py): connections driven through asyncio's Protocol calls with a transport that
 records what is written, a clock the test moves, and a pool the test runs. Just under a
 bound passes, at it the connection is closed for that bound's reason."""

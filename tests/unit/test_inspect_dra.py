@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from gas.dra.driver import DRIVER
-from gas.dra.slices import PciFacts, resource_slice
-from gas.node.cards import Card
+from gas.dra.slices import PciFacts, plain, resource_slice
+from gas.host.cards import Card
 from gas.tools.inspector.dra import dra_json, dra_report, over_committed, render_dra_table
 from tests.support.objects import intel_cards
 
@@ -22,7 +22,9 @@ def cards(count: int, memory: int = 16 * GI) -> list[Card]:
 
 def node_slice(node: str, count: int, generation: int = 1, memory: int = 16 * GI) -> dict[str, Any]:
     made = cards(count, memory)
-    return resource_slice(node, f"uid-{node}", made, {c.name: FLEX for c in made}, generation)
+    return resource_slice(
+        node, f"uid-{node}", plain(made, {c.name: FLEX for c in made}), generation
+    )
 
 
 def claim(
@@ -193,4 +195,39 @@ def test_table_and_json() -> None:
         "pods": ["team/pa"],
         "share_id": "share-a-0",
         "consumed": {"memory": 4 * GI, "millicores": 250, "tiles": 0},
+        "admin": False,
     }
+    assert first["shareable"] is True and first["taints"] == []
+
+
+def test_an_administrators_access_is_shown_but_left_out_of_the_books() -> None:
+    shared = claim("share", [("n1", "card0", {"memory": "4Gi", "millicores": "250"})], ("app",))
+    monitor = claim("monitor", [("n1", "card0", {})], ("exporter",))
+    result = monitor["status"]["allocation"]["devices"]["results"][0]
+    result["adminAccess"] = True
+    del result["shareID"]
+    report = dra_report([node_slice("n1", 1)], [shared, monitor])
+    (card,) = report.cards
+    assert card.consumed == {"memory": 4 * GI, "millicores": 250, "tiles": 0}
+    assert [(s.claim, s.admin) for s in card.shares] == [
+        ("team/share", False),
+        ("team/monitor", True),
+    ]
+    assert report.problems == []
+    assert "team/monitor admin (team/exporter)" in render_dra_table(report)[1]
+
+
+def test_taints_and_whole_cards_are_shown() -> None:
+    published = node_slice("n1", 2)
+    sick, whole = published["spec"]["devices"]
+    sick["taints"] = [
+        {"key": "gpu.gas.intel.com/unhealthy", "value": "Unbound", "effect": "NoExecute"}
+    ]
+    del whole["allowMultipleAllocations"]
+    report = dra_report([published], [])
+    lines = render_dra_table(report)
+    assert " ok tainted Unbound:NoExecute " in lines[1]
+    assert " ok whole " in lines[2]
+    data = dra_json(report)
+    assert data["cards"][0]["taints"] == ["Unbound:NoExecute"]
+    assert data["cards"][1]["shareable"] is False

@@ -1,4 +1,4 @@
-"""The package layers and the direction of their imports (see DESIGN.md, "Layers").
+"""The package layers and the direction of their imports (docs/development.md, "Layers").
 
 Every import is counted, at any depth: a lazy import inside a function crosses a layer as
 much as one at the top of a module.
@@ -21,10 +21,13 @@ ALLOWED: dict[str, set[str]] = {
     "httpserver": {"httpserver"},
     "cluster": {"core", "kubeapi", "cluster"},
     "serving": {"core", "kubeapi", "httpserver", "cluster", "serving"},
-    "node": {"core", "kubeapi", "httpserver", "node"},
-    # The DRA driver reuses the node agent's discovery and card model.
-    "dra": {"core", "kubeapi", "httpserver", "node", "dra"},
-    "tools": {"core", "kubeapi", "httpserver", "cluster", "serving", "node", "tools"},
+    # What both node agents share: the cards and their discovery, the agents' flags, the
+    # node's labels and the Kubernetes calls about the node itself.
+    "host": {"core", "kubeapi", "host"},
+    # The two node agents, one per way, never each other.
+    "node": {"core", "kubeapi", "httpserver", "host", "node"},
+    "dra": {"core", "kubeapi", "httpserver", "host", "dra"},
+    "tools": {"core", "kubeapi", "httpserver", "cluster", "serving", "host", "tools"},
 }
 # Third-party packages each layer may use, where the layer is held to a list: the pure core
 # none that does I/O; the API calls shared by the extender and the node agent only what

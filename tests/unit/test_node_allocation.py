@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from gas.host.cards import Card
 from gas.node.allocation import (
     ZE_AFFINITY_MASK,
     AllocationError,
@@ -15,7 +16,6 @@ from gas.node.allocation import (
     mismatch,
     preferred_ids,
 )
-from gas.node.cards import Card
 from gas.node.devices import (
     DeviceIdError,
     cards_by_resource,

@@ -14,15 +14,8 @@ from gas.core.model import (
     node_cards,
     node_from_object,
 )
-from gas.node.capacity import (
-    MEMORY,
-    MILLICORES,
-    capacity_changes,
-    capacity_for,
-)
-from gas.node.cards import Card
-from gas.node.command import add_arguments
-from gas.node.labels import (
+from gas.host.cards import Card
+from gas.host.labels import (
     LABEL_TILES,
     NODE_EXACT_LABELS,
     card_labels,
@@ -30,6 +23,13 @@ from gas.node.labels import (
     labels_for,
     managed_bases,
 )
+from gas.node.capacity import (
+    MEMORY,
+    MILLICORES,
+    capacity_changes,
+    capacity_for,
+)
+from gas.node.command import add_arguments
 from gas.node.publish import allocatable_followed
 
 GIB = 1024**3

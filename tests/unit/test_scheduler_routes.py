@@ -88,7 +88,7 @@ class Side:
 
 
 def _plain_post(environ: dict[str, Any]) -> bytes | None:
-    """The body of a POST the server would read itself (gas/serving/direct.py): declared,
+    """The body of a POST the server would read itself (gas/httpserver/direct.py): declared,
     whole, within the limit."""
     stream = environ.get("wsgi.input")
     length = environ.get("CONTENT_LENGTH")

@@ -32,13 +32,16 @@ CAPACITY_ORDER = (MEMORY, MILLICORES, TILES)
 @dataclass(frozen=True)
 class DraShare:
     """One allocation result on a card: the claim, its request, the pods it is reserved
-    for, its shareID (None for a card given whole) and what it consumes."""
+    for, its shareID (None for a card given whole) and what it consumes. An
+    administrator's access (`adminAccess`: a monitoring pod's) is shown but consumes
+    nothing of the card's books, as kube-scheduler counts it."""
 
     claim: str
     request: str
     pods: tuple[str, ...]
     share_id: str | None
     consumed: Mapping[str, int]
+    admin: bool = False
 
 
 @dataclass
@@ -50,11 +53,17 @@ class DraCard:
     """False: a claim holds it but no current slice of the pool publishes it."""
     capacity: dict[str, int] = field(default_factory=dict)
     shares: list[DraShare] = field(default_factory=list)
+    shareable: bool = True
+    """False: published whole (one claim at a time)."""
+    taints: tuple[str, ...] = ()
+    """`value:effect` of each taint the slice puts on it (an unhealthy card)."""
 
     @property
     def consumed(self) -> dict[str, int]:
         sums = dict.fromkeys(self.capacity, 0)
         for share in self.shares:
+            if share.admin:
+                continue
             for name, amount in share.consumed.items():
                 sums[name] = sums.get(name, 0) + amount
         return sums
@@ -166,14 +175,11 @@ def _current_slices(slices: Iterable[Mapping[str, Any]], driver: str) -> list[Ma
     return [obj for name, generation, obj in mine if generation == newest[name]]
 
 
-def dra_report(
-    slices: Iterable[Mapping[str, Any]],
-    claims: Iterable[Mapping[str, Any]],
-    only_node: str | None = None,
-    driver: str = DRIVER,
-) -> DraReport:
-    """Per card of `driver`: its capacity, what the allocated claims consume of it, what is
-    free, and the claims and pods on it; with the problems found."""
+def _published_cards(
+    slices: Iterable[Mapping[str, Any]], driver: str
+) -> tuple[dict[tuple[str, str], DraCard], dict[str, str], list[DraFinding]]:
+    """The cards the current slices publish, by (pool, card); each pool's node; and the
+    problems reading them."""
     cards: dict[tuple[str, str], DraCard] = {}
     node_of_pool: dict[str, str] = {}
     problems: list[DraFinding] = []
@@ -196,7 +202,24 @@ def dra_report(
                     )
                 )
                 capacity = {}
-            cards[(pool, name)] = DraCard(node, pool, name, True, capacity)
+            taints = tuple(
+                f"{_mapping(t).get('value') or _mapping(t).get('key')}:{_mapping(t).get('effect')}"
+                for t in _list(device.get("taints"))
+            )
+            shareable = device.get("allowMultipleAllocations") is True
+            cards[(pool, name)] = DraCard(node, pool, name, True, capacity, [], shareable, taints)
+    return cards, node_of_pool, problems
+
+
+def dra_report(
+    slices: Iterable[Mapping[str, Any]],
+    claims: Iterable[Mapping[str, Any]],
+    only_node: str | None = None,
+    driver: str = DRIVER,
+) -> DraReport:
+    """Per card of `driver`: its capacity, what the allocated claims consume of it, what is
+    free, and the claims and pods on it; with the problems found."""
+    cards, node_of_pool, problems = _published_cards(slices, driver)
 
     counted = 0
     for claim in claims:
@@ -249,7 +272,8 @@ def dra_report(
                 )
                 consumed = {}
             share_id = result.get("shareID")
-            if not share_id and not consumed:
+            admin = result.get("adminAccess") is True
+            if not share_id and not consumed and not admin:
                 # Allocated without a share: the card is the claim's alone.
                 consumed = dict(card.capacity)
             card.shares.append(
@@ -259,6 +283,7 @@ def dra_report(
                     pods,
                     str(share_id) if share_id else None,
                     consumed,
+                    admin,
                 )
             )
         counted += held
@@ -306,6 +331,10 @@ def render_dra_table(report: DraReport) -> list[str]:
     for card in report.cards:
         consumed, free = card.consumed, card.free
         status = "unpublished" if not card.published else ("over" if card.over_capacity else "ok")
+        if card.taints:
+            status += f" tainted {','.join(card.taints)}"
+        if card.published and not card.shareable:
+            status += " whole"
         cells = [card.node, card.name, status]
         for n in capacities:
             have = n in card.capacity
@@ -314,7 +343,8 @@ def render_dra_table(report: DraReport) -> list[str]:
         cells += [format_capacity(n, free[n]) if n in free else "-" for n in capacities]
         holders = []
         for share in sorted(card.shares, key=lambda s: (s.claim, s.request)):
-            holders.append(f"{share.claim} ({', '.join(share.pods) or 'no pod'})")
+            admin = " admin" if share.admin else ""
+            holders.append(f"{share.claim}{admin} ({', '.join(share.pods) or 'no pod'})")
         cells.append(", ".join(holders))
         rows.append(cells)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
@@ -338,6 +368,8 @@ def dra_json(report: DraReport) -> dict[str, Any]:
                 "pool": card.pool,
                 "name": card.name,
                 "published": card.published,
+                "shareable": card.shareable,
+                "taints": list(card.taints),
                 "over_capacity": card.over_capacity,
                 "capacity": card.capacity,
                 "consumed": card.consumed,
@@ -349,6 +381,7 @@ def dra_json(report: DraReport) -> dict[str, Any]:
                         "pods": list(s.pods),
                         "share_id": s.share_id,
                         "consumed": dict(s.consumed),
+                        "admin": s.admin,
                     }
                     for s in sorted(card.shares, key=lambda s: (s.claim, s.request))
                 ],

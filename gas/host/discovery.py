@@ -16,9 +16,7 @@ Both views leave out a physical function with SR-IOV virtual functions enabled
 (`device/sriov_numvfs` > 0): its virtual functions are the devices to hand out, and a
 container given the physical function would share it with every virtual machine.
 
-`watch_loop` and `CardWatcher` follow the kernel's add/remove events of DRM cards
-(`card_monitor`, `udev_card_events`) and rediscover after each burst, and every so often
-without one; tests drive them with a fake event source and a fake clock.
+`gas.host.watch` follows the cards as they come and go.
 """
 
 from __future__ import annotations
@@ -27,15 +25,14 @@ import argparse
 import logging
 import os
 import re
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from gas.core.model import card_number, is_card_name
 from gas.core.quantity import QuantityError, format_quantity, parse_quantity
-from gas.node.cards import Card
-from gas.node.errors import NodeError
+from gas.host.cards import Card
+from gas.host.errors import NodeError
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +46,6 @@ INSTALL_HINT = (
     "'pyudev>=0.24'), and libudev (Debian: libudev1); --sysfs-root /sys reads the cards from "
     "sysfs without it"
 )
-RETRY_BASE = 1.0
-RETRY_MAX = 60.0
 
 _RENDER_NODE = re.compile(r"^renderD(0|[1-9][0-9]{0,5})$")
 _I915_TILE = re.compile(r"^gt(0|[1-9][0-9]{0,3})$")
@@ -332,7 +327,7 @@ def cards_from_udev(devices: Iterable[UdevDevice]) -> list[Card]:
     return _sorted(card for card, _ in _udev_entries(devices))
 
 
-def _pyudev() -> Any:
+def load_pyudev() -> Any:
     try:
         import pyudev
     except ImportError as exc:
@@ -343,7 +338,7 @@ def _pyudev() -> Any:
 def udev_context() -> Any:
     """A `pyudev.Context`; NodeError with the install hint when pyudev or libudev is
     missing."""
-    pyudev = _pyudev()
+    pyudev = load_pyudev()
     try:
         return pyudev.Context()
     except ImportError as exc:  # pyudev loads libudev here
@@ -441,151 +436,3 @@ def describe(cards: Iterable[Card]) -> str:
             f"NUMA {numa}, {c.pci_address or '?'})"
         )
     return ", ".join(parts) or "no cards"
-
-
-# ---------------------------------------------------------------- following changes
-
-EventSource = Callable[[float | None], str | None]
-"""`next_event(timeout)`: wait at most `timeout` seconds (None: forever) and return a
-description of a card coming or going, or None."""
-
-
-def watch_loop(
-    refresh: Callable[[], bool],
-    next_event: EventSource,
-    *,
-    debounce: float,
-    resync: float,
-    clock: Callable[[], float] = time.monotonic,
-    stop: Callable[[], bool] = lambda: False,
-) -> None:
-    """Refresh now, then after card events and every `resync` seconds; retry failures with
-    backoff.
-
-    Events come in bursts (a driver binding several cards, a module reload), so a refresh
-    waits until `debounce` seconds pass without one, but never more than five debounce
-    periods after the first.
-    """
-    failures = 0
-    scheduled: float | None = clock()
-    settle: float | None = None
-    first_event: float | None = None
-    while not stop():
-        now = clock()
-        due = min((d for d in (scheduled, settle) if d is not None), default=None)
-        if due is not None and now >= due:
-            settle = first_event = None
-            if refresh():
-                failures = 0
-                scheduled = now + resync if resync > 0 else None
-            else:
-                failures += 1
-                delay = min(RETRY_MAX, RETRY_BASE * 2 ** min(failures - 1, 16))
-                log.info("retrying in %.0f s", delay)
-                scheduled = now + delay
-            continue
-        event = next_event(None if due is None else due - now)
-        if event is None:
-            continue
-        now = clock()
-        log.info("udev: %s", event)
-        if first_event is None:
-            first_event = now
-        settle = min(now + debounce, first_event + 5 * debounce)
-
-
-class CardWatcher:
-    """Keeps `on_change` in step with this node's cards.
-
-    `check()` discovers the cards and, when they differ from those `on_change` last
-    accepted (always, the first time), calls `on_change(cards)`; a False answer or an
-    exception means "not done", and the next check offers the cards it finds then, even
-    if they are back to those accepted before (the failed change may be half applied).
-    `run(stop)` checks at once, after each burst of card events from `next_event`, every
-    `resync` seconds, and again with backoff after a failure; it returns within `wake`
-    seconds of `stop()` turning true, even while no event comes.
-    """
-
-    def __init__(
-        self,
-        discover: Callable[[], list[Card]],
-        on_change: Callable[[list[Card]], bool],
-        next_event: EventSource,
-        *,
-        debounce: float = 1.0,
-        resync: float = 600.0,
-        clock: Callable[[], float] = time.monotonic,
-        wake: float = 1.0,
-    ) -> None:
-        self._discover = discover
-        self._on_change = on_change
-        self._next_event = next_event
-        self._debounce = debounce
-        self._resync = resync
-        self._clock = clock
-        self._wake = wake
-        self.cards: list[Card] | None = None
-        """The cards `on_change` last accepted; None before the first success and after a
-        failure."""
-
-    def check(self) -> bool:
-        try:
-            cards = self._discover()
-        except (NodeError, OSError) as exc:
-            log.error("cannot discover the GPU cards: %s", exc)
-            return False
-        if cards == self.cards:
-            log.debug("cards unchanged: %s", describe(cards))
-            return True
-        log.info("cards: %s", describe(cards))
-        try:
-            accepted = self._on_change(list(cards))
-        except Exception:  # the callback's failure must not end the watch
-            log.exception("applying the card change failed")
-            accepted = False
-        # A failed change may be half applied: whatever the cards are at the next check,
-        # even those of before, they are offered again.
-        self.cards = cards if accepted else None
-        return accepted
-
-    def _event(self, timeout: float | None) -> str | None:
-        return self._next_event(self._wake if timeout is None else min(timeout, self._wake))
-
-    def run(self, stop: Callable[[], bool]) -> None:
-        watch_loop(
-            self.check,
-            self._event,
-            debounce=self._debounce,
-            resync=self._resync,
-            clock=self._clock,
-            stop=stop,
-        )
-
-
-def udev_card_events(monitor: Any) -> EventSource:
-    """Adapt a started `pyudev.Monitor` to `watch_loop`: only cards coming and going count
-    (not render nodes, connectors, or the `change` events of display hotplug)."""
-
-    def next_event(timeout: float | None) -> str | None:
-        device = monitor.poll(timeout=timeout)
-        if device is None or device.subsystem != "drm" or not is_card_name(device.sys_name):
-            return None
-        if device.action not in ("add", "remove"):
-            return None
-        return f"{device.action} {device.sys_name}"
-
-    return next_event
-
-
-def card_monitor() -> Any:
-    """A started monitor of the drm subsystem.
-
-    It listens to the kernel's uevents, not udev's re-broadcast: udev sends those only to
-    the host's network namespace, which a pod without hostNetwork does not see. Discovery
-    reads sysfs only, so it does not need udev's processing of the event.
-    """
-    pyudev = _pyudev()
-    monitor = pyudev.Monitor.from_netlink(udev_context(), source="kernel")
-    monitor.filter_by("drm")
-    monitor.start()
-    return monitor

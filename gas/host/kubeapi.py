@@ -16,8 +16,8 @@ from typing import Any
 
 from urllib3 import BaseHTTPResponse
 
+from gas.host.errors import NodeError
 from gas.kubeapi.core import MERGE_PATCH, RawCoreV1Api
-from gas.node.errors import NodeError
 
 API_TIMEOUT = (5.0, 30.0)
 """Connect and read timeouts of each API call."""

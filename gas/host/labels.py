@@ -25,9 +25,9 @@ from gas.core.model import (
     SPLIT_LABEL_MARK,
     TILES,
 )
+from gas.host.cards import Card
+from gas.host.kubeapi import merge_patch, read_node
 from gas.kubeapi.core import RawCoreV1Api
-from gas.node.cards import Card
-from gas.node.kubeapi import merge_patch, read_node
 
 LABEL_NUMA_GPU_MAP = LABEL_NUMA_MAP
 LABEL_TILES = TILES

@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from gas.node import discovery
-from gas.node.cards import Card
-from gas.node.discovery import (
-    CardWatcher,
+from gas.host import discovery
+from gas.host.cards import Card
+from gas.host.discovery import (
     discover_sysfs,
     discover_udev,
     memory_options,
     pci_cards_sysfs,
 )
-from gas.node.errors import NodeError
+from gas.host.errors import NodeError
+from gas.host.watch import CardWatcher
 from tests.support.fakesysfs import GIB, FakeCard, add_card, remove_card, write_sysfs
 
 

@@ -1,0 +1,1 @@
+"""Generated kubelet API modules of the DRA way; see the .proto files beside them."""
