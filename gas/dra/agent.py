@@ -98,6 +98,10 @@ class _Cards:
         held, _ = self.preparer.held_cards()
         self.inventory.update(None, held)
 
+    def refresh(self) -> None:
+        held, _ = self.preparer.held_cards()
+        self.inventory.refresh(held)
+
     def apply(self, devices: Mapping[str, Device]) -> None:
         present = [d.card for d in devices.values() if d.present]
         gone = {n: d.health.message for n, d in devices.items() if not d.present}
@@ -172,7 +176,9 @@ def run(args: argparse.Namespace) -> int:
             cards.failed()
             raise
 
-    watcher = card_watcher(args, discover_or_say, cards.discovered, stop, on_card=_udev(inventory))
+    watcher = card_watcher(
+        args, discover_or_say, cards.discovered, stop, on_card=_udev(inventory, cards.refresh)
+    )
     watcher.check()  # the cards are known before the kubelet can ask for one
     plugin = KubeletPlugin(
         dra_socket(args.kubelet_root_dir, args.pod_uid),
@@ -243,15 +249,16 @@ def _reflectors(
     return node_watch, slice_watch
 
 
-def _udev(inventory: Inventory) -> Callable[[str, str, str], None]:
-    """What a card's uevent tells the inventory: a wedged event marks it, an add clears the
-    mark."""
+def _udev(inventory: Inventory, refresh: Callable[[], None]) -> Callable[[str, str, str], None]:
+    """What a card's uevent tells the inventory: a wedged event marks it (and is judged at
+    once), an add clears the mark."""
 
     def on_card(action: str, card: str, wedged: str) -> None:
         if action == "add":
             inventory.added(card)
         elif wedged:
             inventory.wedged(card, wedged)
+            refresh()
 
     return on_card
 

@@ -50,12 +50,14 @@ def devices(
     present: Sequence[Card] | None,
     held: Collection[str],
     judge: Callable[[Card, bool], Health],
+    last_present: Collection[str] = (),
 ) -> dict[str, Device]:
-    """The devices to publish: every card `present` (None: discovery failed, and every
-    known card is of Unknown health), and the `known` cards gone from it that are kept."""
+    """The devices to publish: every card `present`, and the `known` cards gone from it that
+    are kept. `present` None: discovery failed, and every known card is of Unknown health,
+    present as far as the last discovery that worked (`last_present`) knew."""
     if present is None:
         unknown = Health(UNKNOWN, "Unreadable", "the cards cannot be discovered")
-        return {name: Device(card, unknown, False) for name, card in known.items()}
+        return {name: Device(card, unknown, name in last_present) for name, card in known.items()}
     found = {card.name: Device(card, judge(card, True), True) for card in present}
     addresses = {card.pci_address for card in present if card.pci_address}
     for name, card in known.items():
@@ -98,6 +100,8 @@ class Inventory:
         self._lock = threading.Lock()
         self._known: dict[str, Card] = self._load()
         self._present: list[Card] | None = None
+        """What the last discovery found; None when it failed (or none was made yet)."""
+        self._last_present: set[str] = set()
         self._wedged: dict[str, str] = {}
         self._devices: dict[str, Device] = {}
         self._listeners: list[Callable[[Mapping[str, Device]], None]] = []
@@ -134,14 +138,15 @@ class Inventory:
         """Recompute from discovery (None: it failed) and the cards prepared claims hold;
         True when the devices changed."""
         with self._lock:
+            self._present = None if present is None else list(present)
             if present is not None:
-                self._present = list(present)
+                self._last_present = {card.name for card in present}
             wedged = dict(self._wedged)
 
             def judge(card: Card, is_present: bool) -> Health:
                 return self._judge(card, is_present, wedged.get(card.name, ""))
 
-            found = devices(self._known, present, held, judge)
+            found = devices(self._known, present, held, judge, self._last_present)
             changed = found != self._devices
             self._devices = found
             known = {name: device.card for name, device in found.items()}
@@ -155,7 +160,8 @@ class Inventory:
         return changed
 
     def refresh(self, held: Collection[str]) -> bool:
-        """Judge the cards again (health read afresh), with the last discovery."""
+        """Judge the cards again (health read afresh), with the last discovery (still
+        Unknown if it failed)."""
         with self._lock:
             present = self._present
         return self.update(present, held)

@@ -26,6 +26,7 @@ from gas.dra.metrics import DraMetrics
 from gas.dra.pcifacts import pci_facts
 from gas.dra.publish import SlicePublisher
 from gas.dra.slices import CardState, PciFacts
+from gas.host.health import UNHEALTHY
 from gas.host.kubeapi import describe_api_error
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,8 @@ class Publishing(threading.Thread):
         self._clock = clock
         self._wake = threading.Event()
         self._direct = False
+        self._asked = threading.Lock()
+        """Guards `_direct` with `_wake`: a trigger sets both, a check takes both."""
         self._facts: dict[tuple[str, str], PciFacts] = {}
         self.published = threading.Event()
         """Set once the slice has been brought up to date."""
@@ -66,13 +69,16 @@ class Publishing(threading.Thread):
 
     def trigger(self, direct: bool = False) -> None:
         """Check soon; `direct`: read the API server rather than the watches."""
-        self._direct = self._direct or direct
-        self._wake.set()
+        with self._asked:
+            self._direct = self._direct or direct
+            self._wake.set()
 
     def _states(self, devices: Mapping[str, Device]) -> list[CardState]:
+        """Only an Unhealthy card is tainted: one of Unknown health (sysfs could not be read
+        for a moment) keeps its pods, and the kubelet is told Unknown."""
         shared = set(self.shared())
         return [
-            CardState(d.card, d.health.healthy, d.health.reason, name in shared)
+            CardState(d.card, d.health.status != UNHEALTHY, d.health.reason, name in shared)
             for name, d in devices.items()
         ]
 
@@ -117,9 +123,11 @@ class Publishing(threading.Thread):
             pause = last + SPACING - now
             if pause > 0 and self._stop_event.wait(pause):
                 return
-            direct = self._direct or self._clock() >= due
-            self._wake.clear()
-            self._direct = False
+            safety = self._clock() >= due
+            with self._asked:
+                direct = self._direct or safety
+                self._wake.clear()
+                self._direct = False
             last = self._clock()
             if self.check(direct):
                 failures = 0
@@ -127,4 +135,5 @@ class Publishing(threading.Thread):
             else:
                 failures += 1
                 due = self._clock() + min(RETRY_MAX, RETRY_BASE * 2 ** min(failures - 1, 16))
-                self._direct = True
+                with self._asked:
+                    self._direct = True

@@ -293,6 +293,7 @@ def test_existing_secrets_without_a_ca_are_refused_with_what_to_do(
         ({"polcy": "binpack"}, r"polcy"),
         ({"certificates": {"source": "vault"}}, r"source"),
         ({"scheduler": {"image": {"tag": "1.33.2"}}}, r"tag"),
+        ({"dra": {"unhealthyTaintEffect": "Evict"}}, r"unhealthyTaintEffect"),
     ],
     ids=[
         "policy",
@@ -303,6 +304,7 @@ def test_existing_secrets_without_a_ca_are_refused_with_what_to_do(
         "unknown-key",
         "cert-source",
         "tag-without-v",
+        "taint-effect",
     ],
 )
 def test_schema_refuses_wrong_values_naming_them(
@@ -310,6 +312,22 @@ def test_schema_refuses_wrong_values_naming_them(
 ) -> None:
     with pytest.raises(chart.HelmError, match=message):
         chart.template(helm, tmp_path, values)
+
+
+def test_the_dra_taint_effect_reaches_gas_dra_as_its_flag(helm: Path, tmp_path: Path) -> None:
+    from gas.cli import build_parser
+
+    for effect, wanted in (("NoExecute", ["dra"]), ("NoSchedule", None)):
+        dra: dict[str, Any] = {"enabled": True, "unhealthyTaintEffect": effect}
+        values = {"scheduling": "none", "nodeSide": "none", "dra": dra}
+        (daemon,) = [
+            d for d in chart.template(helm, tmp_path, values) if d["kind"] == "DaemonSet"
+        ]
+        (container,) = daemon["spec"]["template"]["spec"]["containers"]
+        if wanted is not None:
+            assert container["args"] == wanted  # the default: deploy/dra's arguments
+        parsed = build_parser().parse_args(container["args"])
+        assert parsed.unhealthy_taint_effect == effect
 
 
 def test_schema_policies_are_gas_serves() -> None:

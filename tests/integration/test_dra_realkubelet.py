@@ -15,91 +15,38 @@ the claims name.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import os
-import signal
-import sys
+import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 import yaml
 
 from gas.dra.driver import DRIVER
 from tests.support import realk8s, realnode
-from tests.support.fakesysfs import FakeCard, write_sysfs
+from tests.support.drarealnode import (
+    GAS_NAMESPACE,
+    GasDra,
+    bound_token_kubeconfig,
+    install_dra_way,
+    pod_token_kubeconfig,
+    token_kubeconfig,
+)
+from tests.support.fakesysfs import GIB, FakeCard, write_sysfs
 from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
 NODE = "gas-dra-node"
 NAMESPACE = "dra-work"
-CARDS = [FakeCard(0), FakeCard(1), FakeCard(2)]
+# Three cards of two tiles, 16 GiB in all each.
+CARDS = [FakeCard(n, tiles=2, lmem_per_tile=8 * GIB) for n in range(3)]
 CLASS = "gpu.gas.intel.com"
 RESOURCE = "/apis/resource.k8s.io/v1"
-DRA_DEPLOY = realk8s.ROOT / "deploy" / "dra"
-GAS_NAMESPACE = "gas-system"
-STAND_IN = "gas-dra-stand-in"
-
-
-class GasDra:
-    """`gas dra` for a RealNode: the kubelet's sockets under its root-dir, containerd's CDI
-    folder, a state folder that outlives restarts."""
-
-    def __init__(
-        self, node: realnode.RealNode, kubeconfig: str, sysfs: Path, devfs: Path, log: Path
-    ) -> None:
-        self.node = node
-        self.log_path = log
-        self.command = [
-            sys.executable,
-            "-m",
-            "gas.cli",
-            "dra",
-            "--node-name",
-            node.name,
-            "--kubeconfig",
-            kubeconfig,
-            "--sysfs-root",
-            str(sysfs),
-            "--devfs-root",
-            str(devfs),
-            "--kubelet-root-dir",
-            str(node.root_dir),
-            "--cdi-dir",
-            str(node.cdi_dir),
-            "--state-dir",
-            str(node.workdir / "gas-dra-state"),
-            "--metrics-port",
-            "0",
-        ]
-        self.process: realk8s.Process | None = None
-        self.start()
-
-    def start(self) -> None:
-        self.process = realk8s.Process(
-            "gas-dra", self.command, self.log_path, {"PYTHONUNBUFFERED": "1"}
-        )
-
-    def kill(self) -> None:
-        """SIGKILL, as an OOM kill or a node's crash would end it."""
-        assert self.process is not None
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.popen.wait(timeout=20)
-        self.process.stop()
-        self.process = None
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop(timeout=20)
-            self.process = None
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
 @dataclass
@@ -107,6 +54,10 @@ class Rig:
     plane: realk8s.ControlPlane
     node: realnode.RealNode
     driver: GasDra
+    sysfs: Path
+    devfs: Path
+    kubeconfig: str
+    work: Path
 
 
 @pytest.fixture(scope="module")
@@ -131,74 +82,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         plane.start_scheduler(
             yaml.safe_dump({"profiles": [{"schedulerName": "default-scheduler"}]})
         )
-        yield Rig(plane, node, driver)
-
-
-def install_dra_way(plane: realk8s.ControlPlane) -> None:
-    """deploy/dra as kubectl 1.37 builds it, applied server-side, all but its DaemonSet
-    (whose image is not here: the test runs gas dra itself, as the DaemonSet would)."""
-    built = plane.kubectl("kustomize", str(DRA_DEPLOY)).stdout
-    documents = [d for d in yaml.safe_load_all(built) if d and d["kind"] != "DaemonSet"]
-    plane.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(documents))
-
-
-def pod_token_kubeconfig(plane: realk8s.ControlPlane, node: realnode.RealNode, path: Path) -> str:
-    """A kubeconfig with a token of gas dra's ServiceAccount bound to a pod on `node`, as
-    the DaemonSet's pod has it (the API server names the pod's node in such a token)."""
-    stand_in = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": STAND_IN, "namespace": GAS_NAMESPACE},
-        "spec": {
-            "nodeName": node.name,
-            "serviceAccountName": "gas-dra",
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "stand-in",
-                    "image": realnode.IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["sleep", "3600"],
-                }
-            ],
-        },
-    }
-    status, answer = plane.request("POST", f"/api/v1/namespaces/{GAS_NAMESPACE}/pods", stand_in)
-    assert status == 201, answer
-    return bound_token_kubeconfig(plane, path)
-
-
-def bound_token_kubeconfig(plane: realk8s.ControlPlane, path: Path) -> str:
-    """A kubeconfig with a new token of gas dra's account bound to the stand-in pod."""
-    token = plane.kubectl(
-        "create",
-        "token",
-        "gas-dra",
-        "-n",
-        GAS_NAMESPACE,
-        "--duration=1h",
-        "--bound-object-kind=Pod",
-        f"--bound-object-name={STAND_IN}",
-    ).stdout.strip()
-    return token_kubeconfig(plane, token, path)
-
-
-def token_kubeconfig(plane: realk8s.ControlPlane, token: str, path: Path) -> str:
-    ca = base64.b64encode(Path(plane.ca_file).read_bytes()).decode()
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {"name": "real", "cluster": {"server": plane.url, "certificate-authority-data": ca}}
-        ],
-        "users": [{"name": "gas-dra", "user": {"token": token}}],
-        "contexts": [{"name": "real", "context": {"cluster": "real", "user": "gas-dra"}}],
-        "current-context": "real",
-    }
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return str(path)
+        yield Rig(plane, node, driver, sysfs, devfs, kubeconfig, work)
 
 
 def _slices(rig: Rig) -> list[dict[str, Any]]:
@@ -221,91 +105,117 @@ def _wait_published(rig: Rig) -> dict[str, Any]:
     return published
 
 
-def _add_template(rig: Rig, name: str, memory: str) -> None:
-    """The ResourceClaimTemplate `_template` makes, in the test namespace (kept if another
-    test made it already)."""
+def _add_template(
+    rig: Rig,
+    name: str,
+    memory: str | None,
+    *,
+    namespace: str = NAMESPACE,
+    card: int | None = None,
+    **request: Any,
+) -> None:
+    """The ResourceClaimTemplate `_template` makes (kept if another test made it already)."""
     status, answer = rig.plane.request(
         "POST",
-        f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaimtemplates",
-        _template(name, memory),
+        f"{RESOURCE}/namespaces/{namespace}/resourceclaimtemplates",
+        _template(name, memory, namespace=namespace, card=card, **request),
     )
     assert status in (201, 409), answer
 
 
-def _template(name: str, memory: str) -> dict[str, Any]:
+def _template(
+    name: str,
+    memory: str | None,
+    *,
+    namespace: str = NAMESPACE,
+    card: int | None = None,
+    **request: Any,
+) -> dict[str, Any]:
+    """One request `gpu` of `memory` (None: the card's default share), on card `card` if
+    given; `request` adds to the request (tiles, tolerations, adminAccess)."""
+    exactly: dict[str, Any] = {"deviceClassName": CLASS, **request}
+    if memory is not None:
+        exactly.setdefault("capacity", {}).setdefault("requests", {})["memory"] = memory
+    if card is not None:
+        cel = f'device.attributes["{DRIVER}"].cardIndex == {card}'
+        exactly["selectors"] = [{"cel": {"expression": cel}}]
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "gpu",
-                            "exactly": {
-                                "deviceClassName": CLASS,
-                                "capacity": {"requests": {"memory": memory}},
-                            },
-                        }
-                    ]
-                }
-            }
-        },
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
     }
 
 
-Create = Callable[[str, str], None]
+class Create(Protocol):
+    def __call__(
+        self,
+        name: str,
+        *templates: str,
+        command: str = ...,
+        namespace: str = ...,
+    ) -> None: ...
 
 
 @pytest.fixture
 def create(rig: Rig) -> Iterator[Create]:
-    """`create(name, template)`: a pod whose one container has a claim from `template`,
-    printing its /dev/dri at start; deleted after the test, and gone before the next."""
-    made: list[str] = []
+    """`create(name, template, ...)`: a pod whose one container has a claim from each
+    template (the pod's claims named `gpu`, `gpu1`, ...), printing its /dev/dri at start
+    unless `command` says otherwise; deleted after the test, and gone before the next."""
+    made: list[tuple[str, str]] = []
 
-    def make(name: str, template: str) -> None:
+    def make(
+        name: str,
+        *templates: str,
+        command: str = "ls -l /dev/dri; exec sleep 3600",
+        namespace: str = NAMESPACE,
+    ) -> None:
+        claims = [
+            {"name": f"gpu{i or ''}", "resourceClaimTemplateName": t}
+            for i, t in enumerate(templates)
+        ]
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name, "namespace": NAMESPACE},
+            "metadata": {"name": name, "namespace": namespace},
             "spec": {
                 "terminationGracePeriodSeconds": 1,
-                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+                "resourceClaims": claims,
                 "containers": [
                     {
                         "name": "app",
                         "image": realnode.IMAGE,
                         "imagePullPolicy": "Never",
-                        "command": ["/bin/sh", "-c", "ls -l /dev/dri; exec sleep 3600"],
-                        "resources": {"claims": [{"name": "gpu"}]},
+                        "command": ["/bin/sh", "-c", command],
+                        "resources": {"claims": [{"name": c["name"]} for c in claims]},
                     }
                 ],
             },
         }
-        status, answer = rig.plane.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod)
+        status, answer = rig.plane.request("POST", f"/api/v1/namespaces/{namespace}/pods", pod)
         assert status == 201, answer
-        made.append(name)
+        made.append((namespace, name))
 
     yield make
-    for name in made:
-        rig.plane.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
-    wait_for(lambda: not _pods(rig), 90, "the pods deleted")
+    for namespace, name in made:
+        rig.plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
+    spaces = {n for n, _ in made} | {NAMESPACE}
+    wait_for(lambda: not any(_pods(rig, n) for n in spaces), 90, "the pods deleted")
     # Their claims go too (kube-controller-manager), so the next test starts with free cards.
-    wait_for(lambda: not _claims(rig), 90, "their claims deleted")
+    wait_for(lambda: not any(_claims(rig, n) for n in spaces), 90, "their claims deleted")
 
 
-def _pods(rig: Rig) -> list[dict[str, Any]]:
-    return list(rig.plane.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")[1]["items"])
+def _pods(rig: Rig, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+    return list(rig.plane.request("GET", f"/api/v1/namespaces/{namespace}/pods")[1]["items"])
 
 
-def _claims(rig: Rig) -> list[dict[str, Any]]:
-    path = f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaims"
+def _claims(rig: Rig, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+    path = f"{RESOURCE}/namespaces/{namespace}/resourceclaims"
     return list(rig.plane.request("GET", path)[1]["items"])
 
 
-def _pod(rig: Rig, name: str) -> dict[str, Any]:
-    status, pod = rig.plane.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+def _pod(rig: Rig, name: str, namespace: str = NAMESPACE) -> dict[str, Any]:
+    status, pod = rig.plane.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
     assert status == 200, pod
     return dict(pod)
 
@@ -694,3 +604,316 @@ def test_an_unchanged_memory_pod_runs_on_claims_of_its_memory_through_the_webhoo
             plane.request("DELETE", f"{pods}/{name}")
         wait_for(lambda: not _pods(rig), 90, "the pods deleted")
         wait_for(lambda: not _claims(rig), 90, "their claims deleted")
+
+
+# ------------------------------------------------------------------ running for months
+
+ENV_COMMAND = (
+    "echo masks=$(env | grep -c '^ZE_AFFINITY_MASK='); env | grep -E '^(ZE_AFFINITY_MASK|GAS_)'"
+    " | sort; exec sleep 3600"
+)
+
+
+def _container_lines(rig: Rig, pod: dict[str, Any]) -> list[str]:
+    """What the pod's one container printed (CRI log lines without their prefix)."""
+    meta = pod["metadata"]
+    folder = f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+    path = rig.node.pod_logs / folder / "app" / "0.log"
+    text = wait_for(lambda: path.exists() and path.read_text(), 20, f"{path}")
+    return [line.split(" ", 3)[-1] for line in text.splitlines()]
+
+
+def _claim_of(rig: Rig, pod: dict[str, Any], entry: str = "gpu") -> dict[str, Any]:
+    namespace = pod["metadata"]["namespace"]
+    (name,) = [
+        s["resourceClaimName"] for s in pod["status"]["resourceClaimStatuses"] if s["name"] == entry
+    ]
+    code, claim = rig.plane.request(
+        "GET", f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{name}"
+    )
+    assert code == 200, claim
+    return dict(claim)
+
+
+def _device(rig: Rig, name: str) -> dict[str, Any]:
+    (found,) = [d for d in _wait_published(rig)["spec"]["devices"] if d["name"] == name]
+    return dict(found)
+
+
+def _resource_health(pod: dict[str, Any]) -> dict[str, str]:
+    """resourceID -> health, from the container's allocatedResourcesStatus."""
+    (status,) = pod["status"]["containerStatuses"]
+    return {
+        r["resourceID"]: r.get("health", "")
+        for entry in status.get("allocatedResourcesStatus") or []
+        for r in entry.get("resources") or []
+    }
+
+
+def test_an_unbound_card_is_unhealthy_in_the_pods_status_and_tainted_in_the_slice(
+    rig: Rig, create: Create
+) -> None:
+    """Unbinding a card's driver under running pods: the card stays in the slice with a
+    NoExecute taint; the pod whose claim tolerates it keeps running and its status says
+    the device is Unhealthy (the kubelet heard it on the health stream); the one that does
+    not tolerate it is evicted. Bound again, the taint goes and the device is Healthy."""
+    from gas.core.dra_claims import UNHEALTHY_TAINT
+    from tests.support.fakesysfs import bind_card, unbind_card
+
+    _wait_published(rig)
+    tolerate = [{"key": UNHEALTHY_TAINT, "operator": "Exists", "effect": "NoExecute"}]
+    _add_template(rig, "card0-tolerant", "1Gi", card=0, tolerations=tolerate)
+    _add_template(rig, "card0-plain", "1Gi", card=0)
+    create("tolerant", "card0-tolerant")
+    create("plain", "card0-plain")
+    _wait_running(rig, "tolerant")
+    _wait_running(rig, "plain")
+    # The kubelet names a device in the pod's status by its first CDI device ID.
+    claim_uid = _claim_of(rig, _pod(rig, "tolerant"))["metadata"]["uid"]
+    resource = f"{DRIVER}/gpu={claim_uid}-card0"
+    wait_for(
+        lambda: _resource_health(_pod(rig, "tolerant")).get(resource) == "Healthy",
+        60,
+        "the device Healthy in the pod's status",
+    )
+    unbind_card(rig.sysfs, CARDS[0])
+    try:
+        tainted = wait_for(lambda: _device(rig, "card0").get("taints"), 60, "card0 tainted")
+        (taint,) = tainted
+        assert (taint["key"], taint["value"], taint["effect"]) == (
+            UNHEALTHY_TAINT,
+            "Unbound",
+            "NoExecute",
+        )
+        assert taint.get("timeAdded")
+        try:
+            wait_for(
+                lambda: _resource_health(_pod(rig, "tolerant")).get(resource) == "Unhealthy",
+                60,
+                "the device Unhealthy in the pod's status",
+            )
+        except TimeoutError as exc:
+            raise AssertionError(
+                f"{_pod(rig, 'tolerant')['status']}\n{rig.driver.log()[-3000:]}"
+            ) from exc
+        # NoExecute: the pod that does not tolerate it is evicted; the other stays.
+        wait_for(
+            lambda: (
+                all(p["metadata"]["name"] != "plain" for p in _pods(rig))
+                or _pod(rig, "plain")["metadata"].get("deletionTimestamp")
+            ),
+            90,
+            "the intolerant pod evicted",
+        )
+        assert _is_running(_pod(rig, "tolerant"))
+    finally:
+        bind_card(rig.sysfs, CARDS[0])
+    wait_for(lambda: not _device(rig, "card0").get("taints"), 60, "card0's taint removed")
+    wait_for(
+        lambda: _resource_health(_pod(rig, "tolerant")).get(resource) == "Healthy",
+        60,
+        "the device Healthy again",
+    )
+    assert _is_running(_pod(rig, "tolerant"))
+
+
+def test_a_container_with_a_tile_claim_and_a_whole_card_claim_sees_one_right_mask(
+    rig: Rig, create: Create
+) -> None:
+    """One tile of card0 and the whole of card1 (cards of two tiles), in two claims of
+    one container: it sees both cards' device nodes and exactly one ZE_AFFINITY_MASK,
+    naming its tile of card0 and both tiles of card1 (0,2,3), and its share of each card;
+    each claim's status says what was prepared."""
+    _wait_published(rig)
+    _add_template(rig, "tile-card0", "1Gi", card=0, capacity={"requests": {"tiles": "1"}})
+    _add_template(rig, "share-card1", "2Gi", card=1)
+    create("two-claims", "tile-card0", "share-card1", command=ENV_COMMAND)
+    pod = _wait_running(rig, "two-claims")
+    lines = _container_lines(rig, pod)
+    assert "masks=1" in lines, lines
+    assert [line for line in lines if line.startswith(("ZE_", "GAS_"))] == [
+        "GAS_CARD0_MEMORY_BYTES=1073741824",
+        "GAS_CARD0_MILLICORES=100",
+        "GAS_CARD0_TILES=1",
+        "GAS_CARD1_MEMORY_BYTES=2147483648",
+        "GAS_CARD1_MILLICORES=100",
+        "ZE_AFFINITY_MASK=0,2,3",
+    ]
+    (status,) = pod["status"]["containerStatuses"]
+    pid = rig.node.container_pid(status["containerID"])
+    assert rig.node.devices_seen(pid) == realnode.card_devices(CARDS[:2])
+    # status.devices, written by gas dra on its own account, as the real API server keeps it.
+    tile = _claim_of(rig, pod, "gpu")
+    (written,) = wait_for(lambda: _claim_of(rig, pod, "gpu")["status"].get("devices"), 30)
+    (result,) = tile["status"]["allocation"]["devices"]["results"]
+    assert (written["driver"], written["pool"], written["device"]) == (DRIVER, NODE, "card0")
+    assert written["shareID"] == result["shareID"]
+    assert [(c["type"], c["status"], c["reason"]) for c in written["conditions"]] == [
+        ("Ready", "True", "Prepared")
+    ]
+    assert written["data"]["tiles"] == [0]
+    assert written["data"]["environment"]["ZE_AFFINITY_MASK"] == "0,2,3"
+    assert written["data"]["cdiDeviceID"] == f"{DRIVER}/gpu={tile['metadata']['uid']}-card0"
+
+
+def test_an_admin_access_pod_runs_on_a_shared_card_with_no_mask_and_no_share(
+    rig: Rig, create: Create
+) -> None:
+    """A monitoring pod's claim with adminAccess, in a namespace labelled for it, on a card
+    another claim shares: it runs beside that claim, sees the card's device nodes, is told
+    no mask and no share, and gas inspect leaves it out of the card's books."""
+    from gas.tools.inspector.dra import dra_report
+
+    admin_ns = "dra-admin"
+    rig.plane.prepare_namespace(admin_ns)
+    rig.plane.kubectl(
+        "label", "namespace", admin_ns, "resource.kubernetes.io/admin-access=true", "--overwrite"
+    )
+    _wait_published(rig)
+    _add_template(rig, "share-card2", "4Gi", card=2)
+    _add_template(rig, "monitor-card2", None, namespace=admin_ns, card=2, adminAccess=True)
+    create("sharer", "share-card2")
+    _wait_running(rig, "sharer")
+    create("monitor", "monitor-card2", command=ENV_COMMAND, namespace=admin_ns)
+    pod = _wait_running_in(rig, "monitor", admin_ns)
+    lines = _container_lines(rig, pod)
+    assert "masks=0" in lines, lines
+    assert [line for line in lines if line.startswith(("ZE_", "GAS_"))] == []
+    (status,) = pod["status"]["containerStatuses"]
+    pid = rig.node.container_pid(status["containerID"])
+    assert rig.node.devices_seen(pid) == realnode.card_devices(CARDS[2:])
+    claim = _claim_of(rig, pod)
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert result["adminAccess"] is True and result["device"] == "card2"
+    slices = rig.plane.request("GET", f"{RESOURCE}/resourceslices")[1]["items"]
+    claims = rig.plane.request("GET", f"{RESOURCE}/resourceclaims")[1]["items"]
+    report = dra_report(slices, claims)
+    (card2,) = [c for c in report.cards if c.name == "card2"]
+    assert card2.consumed["memory"] == 4 * GIB  # the sharer's, not the monitor's
+    assert sorted(s.admin for s in card2.shares) == [False, True]
+
+
+def _wait_running_in(rig: Rig, name: str, namespace: str) -> dict[str, Any]:
+    def running() -> dict[str, Any] | None:
+        pod = _pod(rig, name, namespace)
+        return pod if _is_running(pod) else None
+
+    try:
+        found: dict[str, Any] = wait_for(running, 90, f"{name} running")
+    except TimeoutError as exc:
+        raise AssertionError(
+            f"{_pod(rig, name, namespace)['status']}\n{rig.driver.log()[-3000:]}"
+        ) from exc
+    return found
+
+
+def test_a_card_labelled_exclusive_is_published_whole(rig: Rig, create: Create) -> None:
+    """The node's exclusive-cards label naming card2: its device loses
+    allowMultipleAllocations (through the node's watch, within seconds), one claim takes it
+    all and is told the whole card, the next waits; the label gone, it is shareable
+    again."""
+    from gas.core.dra_claims import LABEL_EXCLUSIVE_CARDS
+
+    _wait_published(rig)
+    patch = f'{{"metadata": {{"labels": {{"{LABEL_EXCLUSIVE_CARDS}": "card2"}}}}}}'
+    rig.plane.kubectl("patch", "node", NODE, "--type=merge", "-p", patch)
+    try:
+        wait_for(lambda: "allowMultipleAllocations" not in _device(rig, "card2"), 20, "card2 whole")
+        assert _device(rig, "card0")["allowMultipleAllocations"] is True
+        _add_template(rig, "whole-card2", None, card=2)
+        create("first", "whole-card2", command=ENV_COMMAND)
+        pod = _wait_running(rig, "first")
+        (result,) = _claim_of(rig, pod)["status"]["allocation"]["devices"]["results"]
+        assert result["device"] == "card2" and not result.get("shareID")
+        lines = _container_lines(rig, pod)
+        assert "GAS_CARD2_MEMORY_BYTES=17179869184" in lines, lines
+        assert "GAS_CARD2_MILLICORES=1000" in lines, lines
+        create("second", "whole-card2")
+        wait_for(
+            lambda: "cannot allocate all claims" in _pending_reason(rig, "second"),
+            60,
+            "the second pending",
+        )
+    finally:
+        unlabel = f'{{"metadata": {{"labels": {{"{LABEL_EXCLUSIVE_CARDS}": null}}}}}}'
+        rig.plane.kubectl("patch", "node", NODE, "--type=merge", "-p", unlabel)
+    wait_for(
+        lambda: _device(rig, "card2").get("allowMultipleAllocations") is True,
+        20,
+        "card2 shareable again",
+    )
+
+
+def _failed_prepares(rig: Rig, pods: list[str]) -> list[str]:
+    """Events of these pods saying that their claims could not be prepared."""
+    events = rig.plane.request("GET", f"/api/v1/namespaces/{NAMESPACE}/events")[1]["items"]
+    return [
+        f"{e['involvedObject'].get('name')}: {e.get('reason')}: {e.get('message')}"
+        for e in events
+        if e["involvedObject"].get("name") in pods
+        and "Prepare" in str(e.get("reason"))
+        and e.get("type") == "Warning"
+    ]
+
+
+def test_a_second_gas_dra_takes_over_without_one_failed_prepare(rig: Rig, create: Create) -> None:
+    """A rolling update with maxSurge, on the real kubelet: gas dra of pod A serves; pods
+    keep coming while gas dra of pod B starts beside it (its own sockets, the same state);
+    the kubelet registers both; A stops; more pods come. Every claim is prepared at the
+    first try and unprepared when its pod goes, and the kubelet's own plugin list shows
+    the handover."""
+    from gas.dra.driver import dra_socket, registration_socket
+
+    root = str(rig.node.root_dir)
+    uid_a, uid_b = "0a0a0a0a-0000-4000-8000-00000000000a", "0b0b0b0b-0000-4000-8000-00000000000b"
+    reg_a, reg_b = registration_socket(root, uid_a), registration_socket(root, uid_b)
+    rig.driver.stop()
+    driver_a = GasDra(
+        rig.node, rig.kubeconfig, rig.sysfs, rig.devfs, rig.work / "gas-dra-a.log", pod_uid=uid_a
+    )
+    driver_b: GasDra | None = None
+    try:
+        wait_for(lambda: rig.node.registered_plugins() == {reg_a}, 60, "A registered alone")
+        _wait_published(rig)
+        _add_template(rig, "small", "1Gi")
+        names = [f"roll-{i}" for i in range(6)]
+        for name in names[:3]:
+            create(name, "small")
+        # B starts while the kubelet is preparing those claims.
+        driver_b = GasDra(
+            rig.node,
+            rig.kubeconfig,
+            rig.sysfs,
+            rig.devfs,
+            rig.work / "gas-dra-b.log",
+            pod_uid=uid_b,
+        )
+        wait_for(lambda: rig.node.registered_plugins() == {reg_a, reg_b}, 60, "both registered")
+        for name in names[:3]:
+            _wait_running(rig, name)
+        driver_a.stop()
+        wait_for(lambda: rig.node.registered_plugins() == {reg_b}, 60, "B registered alone")
+        assert not Path(dra_socket(root, uid_a)).exists()
+        for name in names[3:]:
+            create(name, "small")
+        for name in names:
+            _wait_running(rig, name)
+            _assert_exact_devices(rig, name)
+        assert _failed_prepares(rig, names) == []
+        for log in (driver_a.log(), driver_b.log()):
+            assert " failed:" not in log, log[-3000:]
+        assert "prepared claim" in driver_a.log() and "prepared claim" in driver_b.log()
+        # Every pod gone through B alone: each claim unprepared, no spec and no record left.
+        for name in names:
+            rig.plane.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+        wait_for(lambda: not _pods(rig), 90, "the pods deleted")
+        wait_for(lambda: not _claims(rig), 90, "their claims deleted")
+        assert sorted(rig.node.cdi_dir.glob(f"{DRIVER}-*.json")) == []
+        state = rig.node.workdir / "gas-dra-state" / "prepared-claims.json"
+        assert json.loads(state.read_text())["claims"] == {}
+        assert driver_b.log().count("unprepared claim") >= len(names)
+    finally:
+        driver_a.stop()
+        rig.driver.start()  # the module's own, for the tests after this one
+        if driver_b is not None:
+            driver_b.stop()

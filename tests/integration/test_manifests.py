@@ -19,6 +19,7 @@ from kubernetes import client
 from gas.cluster.demo import DemoCluster, load_demo_file
 from gas.cluster.leader import LEASE_NAME
 from gas.core.ledger import Ledger
+from gas.dra.driver import DRIVER
 from gas.kubeapi.core import RawCoordinationV1Api, RawCoreV1Api
 from gas.kubeapi.dra import RawResourceV1Api
 from gas.kubeapi.prepared import PreparedApi
@@ -1123,9 +1124,12 @@ def granted_to(account: str) -> dict[tuple[str, str], set[str]]:
         assert role["metadata"].get("namespace") == (namespace if kind == "Role" else None)
         for rule in role["rules"]:
             assert not rule.get("nonResourceURLs")
-            # Names only where RBAC can check them (not `create`), and only the Lease's.
+            # Names only where RBAC can check them (not `create`), and only the Lease's, or
+            # (gas dra) its own driver's entries of the claims' status, in every namespace.
             names = rule.get("resourceNames")
-            if names:
+            if names and account == "gas-dra":
+                assert rule == DRA_DRIVER_RULE and kind == "ClusterRole", rule
+            elif names:
                 assert names == [LEASES[account]] and "create" not in rule["verbs"], rule
                 assert rule["resources"] == ["leases"] and kind == "Role", rule
                 assert namespace == NAMESPACE, rule
@@ -1387,3 +1391,124 @@ def test_node_daemonset_arguments_are_gas_node_flags() -> None:
     # The port the manifest names is the one gas node serves its metrics on.
     (port,) = agent["ports"]
     assert (port["name"], port["containerPort"]) == ("metrics", args.metrics_port)
+
+
+# ------------------------------------------------------------------ the DRA driver
+
+# Each Kubernetes call `gas dra` makes, and the RBAC rule it needs.
+DRA_CALL_RULES = {
+    "CoreV1Api.read_node": ("", "nodes", {"get"}),
+    "CoreV1Api.list_node": ("", "nodes", {"list", "watch"}),
+    "CoreV1Api.read_namespaced_pod": ("", "pods", {"get"}),
+    "ResourceV1Api.list_resource_slice": ("resource.k8s.io", "resourceslices", {"list", "watch"}),
+    "ResourceV1Api.create_resource_slice": ("resource.k8s.io", "resourceslices", {"create"}),
+    "ResourceV1Api.replace_resource_slice": ("resource.k8s.io", "resourceslices", {"update"}),
+    "ResourceV1Api.delete_resource_slice": ("resource.k8s.io", "resourceslices", {"delete"}),
+    "ResourceV1Api.read_namespaced_resource_claim": ("resource.k8s.io", "resourceclaims", {"get"}),
+    "ResourceV1Api.replace_namespaced_resource_claim_status": (
+        "resource.k8s.io",
+        "resourceclaims/status",
+        {"update"},
+    ),
+}
+# What a write of a claim's status.devices needs besides its own rule (Kubernetes 1.36 and
+# later): the driver's verb on its own entries, allowed on claims of its node only.
+DRA_STATUS_WRITE = "ResourceV1Api.replace_namespaced_resource_claim_status"
+DRA_DRIVER_RULE = {
+    "apiGroups": ["resource.k8s.io"],
+    "resources": ["resourceclaims/driver"],
+    "resourceNames": [DRIVER],
+    "verbs": ["associated-node:update"],
+}
+
+
+def dra_modules() -> dict[str, Path]:
+    """Every gas module the `gas dra` process can run: its entry point `gas.dra.agent` and
+    its imports, transitively."""
+    return _follow({"gas.dra.agent"})
+
+
+def test_dra_modules_are_those_gas_dra_runs() -> None:
+    modules = dra_modules()
+    assert {
+        "gas.dra.agent",
+        "gas.dra.claim_status",
+        "gas.dra.preparer",
+        "gas.dra.publish",
+        "gas.host.kubeapi",
+        "gas.kubeapi.core",
+        "gas.kubeapi.dra",
+        "gas.kubeapi.reflector",
+    } <= set(modules)
+    # The extender's, the webhook's and the operator commands' modules run under other
+    # credentials; the HTTP server of its metrics port makes no API call.
+    layers = {m.split(".")[1] for m in modules}
+    assert layers <= {"dra", "host", "kubeapi", "core", "httpserver"}, sorted(modules)
+    # Its calls go through gas/kubeapi/, as gas serve's and gas node's do.
+    text = "\n".join(path.read_text() for path in modules.values())
+    constructed = set(re.findall(r"\b([A-Z]\w*Api)\s*\(", text))
+    assert constructed & set(API_CLASSES) == set()
+    assert {"RawCoreV1Api", "RawResourceV1Api"} <= constructed
+
+
+def test_dra_rbac_grants_exactly_what_the_code_calls() -> None:
+    calls = api_calls([path.read_text() for path in dra_modules().values()])
+    assert calls - set(DRA_CALL_RULES) == set(), "a new call needs a rule here and in deploy/"
+    assert set(DRA_CALL_RULES) - calls == set(), "rules for calls gas dra no longer makes"
+    assert DRA_STATUS_WRITE in calls
+    needed: dict[tuple[str, str], set[str]] = {}
+    for group, resource, verbs in DRA_CALL_RULES.values():
+        needed.setdefault((group, resource), set()).update(verbs)
+    (group,) = DRA_DRIVER_RULE["apiGroups"]
+    (resource,) = DRA_DRIVER_RULE["resources"]
+    needed.setdefault((group, resource), set()).update(DRA_DRIVER_RULE["verbs"])
+    assert granted_to("gas-dra") == needed
+    # The driver's rule names the driver: a rule without the name would let gas dra write
+    # every driver's entries.
+    role = find("ClusterRole", "gas-dra")
+    named = [rule for rule in role["rules"] if "resourceclaims/driver" in rule["resources"]]
+    assert named == [DRA_DRIVER_RULE]
+    assert bindings_of("gas-dra") == [("ClusterRole", None, "gas-dra")]
+
+
+def test_dra_daemonset_surges_and_probes_its_sockets(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gas.cli import COMMANDS, _go_style, build_parser
+    from gas.dra.metrics import LIVENESS_PATH
+    from gas.dra.plugin import PROBE_TIMEOUT
+
+    assert "dra" in COMMANDS
+    daemonset = find("DaemonSet", "gas-dra")
+    spec = daemonset["spec"]
+    # The new pod serves beside the old one until it is ready: no node is left without its
+    # driver (a DaemonSet that surges must keep maxUnavailable 0).
+    assert spec["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == "gas-dra"
+    (driver,) = pod["containers"]
+    env = {
+        e["name"]: e.get("value") or e["valueFrom"]["fieldRef"]["fieldPath"] for e in driver["env"]
+    }
+    assert env == {
+        "NODE_NAME": "spec.nodeName",
+        "POD_UID": "metadata.uid",
+        "MALLOC_ARENA_MAX": "2",
+    }
+    # The variables the manifest sets are those gas dra's flags read.
+    monkeypatch.setenv("NODE_NAME", "node-1")
+    monkeypatch.setenv("POD_UID", "pod-uid-1")
+    args = build_parser().parse_args(_go_style(driver["args"]))
+    assert args.command == "dra"
+    assert (args.node_name, args.pod_uid) == ("node-1", "pod-uid-1")
+    # The liveness answer is served on the metrics port, which the manifest names.
+    (port,) = driver["ports"]
+    assert (port["name"], port["containerPort"]) == ("metrics", args.metrics_port)
+    probe = driver["livenessProbe"]
+    assert probe["httpGet"] == {"path": LIVENESS_PATH, "port": "metrics"}
+    # One probe calls two sockets, each for up to PROBE_TIMEOUT: the kubelet waits for its
+    # answer, and probes no more often than one can take.
+    assert probe["timeoutSeconds"] > 2 * PROBE_TIMEOUT
+    assert probe["periodSeconds"] >= probe["timeoutSeconds"]
+    assert probe["failureThreshold"] > 1

@@ -308,6 +308,7 @@ class RealNode:
         self._kube_chains: set[tuple[str, str, str]] | None = None
         self.kubeconfig = ""
         self.kubelet_config = self.workdir / "kubelet.yaml"
+        self.kubelet_port = 0
 
     # ------------------------------------------------------------------- paths
 
@@ -558,6 +559,7 @@ imports = []
                 raise RuntimeError(f"{name} not imported: ctr lists {listed}")
 
     def _write_kubelet_files(self) -> None:
+        self.kubelet_port = realk8s.free_port()
         self.root_dir.mkdir(parents=True, exist_ok=True)
         self.pod_logs.mkdir(exist_ok=True)
         self.kubeconfig = self.plane.kubeconfig(
@@ -573,7 +575,7 @@ imports = []
             "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
             "imageServiceEndpoint": f"unix://{self.containerd_socket}",
             "address": "127.0.0.1",
-            "port": realk8s.free_port(),
+            "port": self.kubelet_port,
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
             "healthzPort": realk8s.free_port(),
@@ -631,6 +633,34 @@ imports = []
     def restart_kubelet(self) -> None:
         self.stop_kubelet()
         self.start_kubelet()
+
+    def kubelet_metrics(self) -> str:
+        """The kubelet's own /metrics, read as the cluster's admin (its client certificate;
+        the kubelet's serving certificate is its own self-signed one)."""
+        import ssl
+        import urllib.request
+
+        context = self.plane.admin_ssl_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        url = f"https://127.0.0.1:{self.kubelet_port}/metrics"
+        with urllib.request.urlopen(url, context=context, timeout=30) as answer:
+            text: str = answer.read().decode()
+        return text
+
+    def registered_plugins(self) -> set[str]:
+        """The plugin sockets the kubelet's plugin manager holds registered (its
+        `plugin_manager_total_plugins`, actual state of the world)."""
+        found = set()
+        for line in self.kubelet_metrics().splitlines():
+            if (
+                line.startswith("plugin_manager_total_plugins{")
+                and 'state="actual_state_of_world"' in line
+                and not line.rstrip().endswith(" 0")
+            ):
+                start = line.index('socket_path="') + len('socket_path="')
+                found.add(line[start : line.index('"', start)])
+        return found
 
     def logs(self) -> str:
         """The tails of the kubelet's and containerd's logs, for a failure's message."""

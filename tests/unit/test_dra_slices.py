@@ -104,7 +104,8 @@ def device_problems(device: dict[str, Any]) -> list[str]:
     for name, attribute in device["attributes"].items():
         if len(attribute) != 1 or next(iter(attribute)) not in ("int", "bool", "string", "version"):
             problems.append(f"attribute {name}: {attribute}")
-    if device["capacity"] and not device.get("allowMultipleAllocations"):
+    policies = any("requestPolicy" in c for c in device["capacity"].values())
+    if policies and not device.get("allowMultipleAllocations"):
         problems.append("request policies without allowMultipleAllocations")
     for name, capacity in device["capacity"].items():
         problems += policy_problems(name, capacity)

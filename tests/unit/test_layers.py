@@ -1,4 +1,4 @@
-"""The package layers and the direction of their imports (docs/development.md, "Layers").
+"""The package layers and the direction of their imports (docs/development.md, "Layout").
 
 Every import is counted, at any depth: a lazy import inside a function crosses a layer as
 much as one at the top of a module.
