@@ -181,15 +181,27 @@ class Preparer:
         return outcome
 
     def prepare_all(self, keys: Sequence[ClaimKey]) -> dict[str, PreparedClaim | ClaimError]:
-        """Each claim of one call, prepared or refused on its own."""
+        """Each claim of one call, prepared or refused on its own. The API server is read
+        outside the lock (the claims not recorded yet, the pods they are reserved for); what
+        is decided from it, against the state read afresh, under it."""
         outcome: dict[str, PreparedClaim | ClaimError] = {}
         fresh: list[tuple[Mapping[str, Any], PreparedClaim]] = []
         try:
             with self._lock, self.store.locked():
-                fresh = self._prepare_locked(keys, self.store.load(), outcome)
+                recorded = set(self.store.load())
+            pending = []
+            for key in keys:
+                if key.uid not in recorded:
+                    try:
+                        pending.append(self._read(key))
+                    except ClaimError as exc:
+                        outcome[key.uid] = exc
+            found = self._consumers(pending, outcome)
+            with self._lock, self.store.locked():
+                fresh = self._prepare_locked(keys, self.store.load(), pending, found, outcome)
         except (OSError, StateError) as exc:  # the state cannot be locked or read
             for key in keys:
-                if key.uid not in outcome:
+                if key.uid not in outcome or not isinstance(outcome[key.uid], ClaimError):
                     outcome[key.uid] = ClaimError(
                         f"cannot record claim {key.uid} in {self.store.path}: {exc}"
                     )
@@ -202,12 +214,15 @@ class Preparer:
         self,
         keys: Sequence[ClaimKey],
         state: dict[str, PreparedClaim],
+        read: Sequence[_Pending],
+        consumers_found: Sequence[Consumer],
         outcome: dict[str, PreparedClaim | ClaimError],
     ) -> list[tuple[Mapping[str, Any], PreparedClaim]]:
+        by_uid = {item.key.uid: item for item in read}
         pending: list[_Pending] = []
         for key in keys:
             known = state.get(key.uid)
-            if known is not None:
+            if known is not None:  # recorded, perhaps by the other instance meanwhile
                 try:
                     if known.spec is not None and not self.spec_path(key.uid).exists():
                         self._write_spec(key.uid, known.spec)
@@ -215,45 +230,50 @@ class Preparer:
                 except ClaimError as exc:
                     outcome[key.uid] = exc
                 continue
+            item = by_uid.get(key.uid)
+            if item is None or key.uid in outcome:
+                continue
             try:
-                pending.append(self._read(key))
+                check_devices(
+                    item.results, self._cards.keys(), self.node, key.label, self._unusable
+                )
             except ClaimError as exc:
                 outcome[key.uid] = exc
+                continue
+            pending.append(item)
         self._choose_tiles(pending, state, outcome)
         pending = [p for p in pending if p.key.uid not in outcome]
-        planned = self._plan(pending, state, outcome)
+        planned = self._plan(pending, state, consumers_found, outcome)
         recorded = dict(state)
-        written = []
-        for item in planned:
+        written: list[PreparedClaim] = []
+        for prepared in planned:
             try:
-                if item.spec is not None:
-                    self._write_spec(item.uid, item.spec)
+                if prepared.spec is not None:
+                    self._write_spec(prepared.uid, prepared.spec)
             except ClaimError as exc:
-                outcome[item.uid] = exc
+                outcome[prepared.uid] = exc
                 continue
-            recorded[item.uid] = item
-            written.append(item)
+            recorded[prepared.uid] = prepared
+            written.append(prepared)
         if written:
             try:
                 self.store.save(recorded)
             except OSError as exc:
-                for item in written:  # the kubelet will ask again: start clean
-                    remove(self.spec_path(item.uid))
-                    outcome[item.uid] = ClaimError(
-                        f"cannot record claim {item.uid} in {self.store.path}: {exc}"
+                for prepared in written:  # the kubelet will ask again: start clean
+                    remove(self.spec_path(prepared.uid))
+                    outcome[prepared.uid] = ClaimError(
+                        f"cannot record claim {prepared.uid} in {self.store.path}: {exc}"
                     )
                 return []
         claims = {p.key.uid: p.claim for p in pending}
-        for item in written:
-            outcome[item.uid] = item
-        return [(claims[item.uid], item) for item in written]
+        for prepared in written:
+            outcome[prepared.uid] = prepared
+        return [(claims[p.uid], p) for p in written]
 
     def _read(self, key: ClaimKey) -> _Pending:
         claim = self.read_claim(key.namespace, key.name)
         check_identity(claim, key.namespace, key.name, key.uid)
-        results = results_for(claim, self.node)
-        check_devices(results, self._cards.keys(), self.node, key.label, self._unusable)
-        return _Pending(key, claim, results, [])
+        return _Pending(key, claim, results_for(claim, self.node), [])
 
     def _choose_tiles(
         self,
@@ -324,12 +344,11 @@ class Preparer:
         self,
         pending: Sequence[_Pending],
         state: Mapping[str, PreparedClaim],
+        found: Sequence[Consumer],
         outcome: dict[str, PreparedClaim | ClaimError],
     ) -> list[PreparedClaim]:
         if not pending:
             return []
-        found = self._consumers(pending, outcome)
-        pending = [p for p in pending if p.key.uid not in outcome]
         tiles_of = {name: card.tiles for name, card in self._cards.items()}
         devices = plan(
             [h for p in pending for h in p.held(self._cards)],

@@ -320,9 +320,7 @@ def test_the_dra_taint_effect_reaches_gas_dra_as_its_flag(helm: Path, tmp_path: 
     for effect, wanted in (("NoExecute", ["dra"]), ("NoSchedule", None)):
         dra: dict[str, Any] = {"enabled": True, "unhealthyTaintEffect": effect}
         values = {"scheduling": "none", "nodeSide": "none", "dra": dra}
-        (daemon,) = [
-            d for d in chart.template(helm, tmp_path, values) if d["kind"] == "DaemonSet"
-        ]
+        (daemon,) = [d for d in chart.template(helm, tmp_path, values) if d["kind"] == "DaemonSet"]
         (container,) = daemon["spec"]["template"]["spec"]["containers"]
         if wanted is not None:
             assert container["args"] == wanted  # the default: deploy/dra's arguments

@@ -347,3 +347,66 @@ def test_no_node_name_is_a_usage_error(rig: DraRig) -> None:
     assert rig.start().wait_exit() == 2
     assert "no node name: give --node-name or set NODE_NAME" in rig.log()
     assert rig.kubelet.registration_sockets() == []
+
+
+def _reserve(rig: DraRig, claim: ClaimRef, pod: dict[str, Any]) -> None:
+    """The claim reserved for `pod`, as kube-scheduler leaves it."""
+    meta = pod["metadata"]
+    reserved = [{"resource": "pods", "name": meta["name"], "uid": meta["uid"]}]
+    rig.api.patch_object("resourceclaims", claim.name, {"status": {"reservedFor": reserved}})
+
+
+def _pod_with(rig: DraRig, name: str, containers: dict[str, list[str]]) -> dict[str, Any]:
+    """A pod whose containers name claims (the pod's claim entries named as the claims)."""
+    claims = sorted({c for names in containers.values() for c in names})
+    return rig.api.add_pod(
+        {
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "nodeName": "n1",
+                "resourceClaims": [{"name": c, "resourceClaimName": c} for c in claims],
+                "containers": [
+                    {"name": n, "resources": {"claims": [{"name": c} for c in names]}}
+                    for n, names in containers.items()
+                ],
+            },
+        }
+    )
+
+
+def test_one_mask_per_container_over_the_claims_of_the_pod_it_is_reserved_for(
+    rig: DraRig,
+) -> None:
+    """The pod's containers read from the API server: a container with a tile of card2 (4
+    tiles) and card1 whole (2 tiles) gets one mask over both, carried by the tile claim's
+    device; a second pod whose two containers would need different masks from one tile
+    claim is refused, naming them; a pod that cannot be read fails its claims."""
+    rig.start_registered()
+    tile = rig.add_claim("tile", [share("gpu", "card2", tiles="1")])
+    whole = rig.add_claim("whole", [share("gpu", "card1")])
+    pod = _pod_with(rig, "app", {"main": ["tile", "whole"]})
+    for claim in (tile, whole):
+        _reserve(rig, claim, pod)
+    answers = rig.kubelet.prepare([tile, whole]).claims
+    assert answers[tile.uid].error == answers[whole.uid].error == ""
+    # card1 (2 tiles, whole) comes first: 0,1; card2's first tile is 2+0.
+    assert masks_of(spec_of(rig, tile)) == [["ZE_AFFINITY_MASK=0,1,2"]]
+    assert masks_of(spec_of(rig, whole)) == [[]]
+
+    shared = rig.add_claim("shared-tile", [share("gpu", "card2", tiles="1")])
+    other = rig.add_claim("other", [share("gpu", "card0")])
+    split = _pod_with(rig, "split", {"a": ["shared-tile"], "b": ["shared-tile", "other"]})
+    for claim in (shared, other):
+        _reserve(rig, claim, split)
+    answers = rig.kubelet.prepare([shared, other]).claims
+    error = answers[shared.uid].error
+    assert "no one ZE_AFFINITY_MASK is right for all of them" in error
+    assert "container a of pod default/split (ZE_AFFINITY_MASK=1)" in error
+    assert "container b of pod default/split (ZE_AFFINITY_MASK=0,2)" in error
+    assert not (rig.cdi_dir / f"{DRIVER}-{shared.uid}.json").exists()
+
+    ghost = rig.add_claim("ghost-claim", [share("gpu", "card0")])
+    _reserve(rig, ghost, {"metadata": {"name": "gone", "uid": "0000-gone"}})
+    error = rig.kubelet.prepare([ghost]).claims[ghost.uid].error
+    assert "is reserved for pod gone, which cannot be read" in error
+    assert "Pod default/gone not found" in error

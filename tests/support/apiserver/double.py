@@ -238,6 +238,18 @@ class ApiServerDouble:
             new.setdefault("metadata", {})["name"] = name
             return copy.deepcopy(self.store.modify_locked(NODES, ("", name), new))
 
+    def patch_object(
+        self, resource: str, name: str, merge_patch: Mapping[str, Any], namespace: str = ""
+    ) -> JSONDict:
+        """Apply an RFC 7386 merge patch to a whole object of `resource` (as its controller
+        would write its status); namespaced ones default to ``default``."""
+        kind = KINDS[resource]
+        space = (namespace or "default") if kind.namespaced else ""
+        with self.store.lock:
+            old = self.store.get_locked(kind, space, name)
+            new = apply_merge_patch(old, dict(merge_patch))
+            return copy.deepcopy(self.store.modify_locked(kind, (space, name), new))
+
     def patch_pod(self, namespace: str, name: str, merge_patch: Mapping[str, Any]) -> JSONDict:
         """Apply an RFC 7386 merge patch to the whole pod (spec, status and metadata)."""
         with self.store.lock:
