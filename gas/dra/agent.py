@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable, Mapping
@@ -41,10 +42,11 @@ from gas.host.cards import Card
 from gas.host.errors import NodeError
 from gas.host.health import card_health
 from gas.host.kubeapi import API_TIMEOUT, core_api
+from gas.host.sockets import describe, listener
 from gas.host.watch import card_watcher
 from gas.kubeapi.core import RawCoreV1Api, status_message
 from gas.kubeapi.dra import RawResourceV1Api
-from gas.kubeapi.reflector import Reflector
+from gas.kubeapi.reflector import Objects
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +74,7 @@ def object_reader(kind: str, call: Callable[..., Any]) -> ObjectReader:
     return read
 
 
-def _view(node: Reflector, slices: Reflector, name: str) -> Callable[[], View | None]:
+def _view(node: Objects, slices: Objects, name: str) -> Callable[[], View | None]:
     def view() -> View | None:
         if not (node.synced and slices.synced):
             return None
@@ -123,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    if args.pod_uid and not _wait_for_single_instance(args.kubelet_root_dir, stop):
+        return 0
     metrics = DraMetrics()
     writer = ClaimStatusWriter(
         resources, stop, lambda result: metrics.status_writes.labels(result).inc()
@@ -228,18 +232,41 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _wait_for_single_instance(kubelet_root: str, stop: threading.Event) -> bool:
+    """With a pod UID, wait while a gas dra without one serves on this node: a version
+    from before the rolling updates (its pod being replaced by this one), which neither
+    takes the state's lock nor reads the state again, and would hand out tiles this one
+    records. It stops once this pod runs; False if this one was stopped first."""
+    legacy = dra_socket(kubelet_root)
+    said = False
+    while not stop.is_set():
+        answered, pid = listener(legacy)
+        if not answered or pid == os.getpid():
+            return True
+        if not said:
+            log.warning(
+                "waiting for the gas dra serving %s (%s) to stop: it does not share the "
+                "prepared claims' state with another instance",
+                legacy,
+                describe(pid),
+            )
+            said = True
+        stop.wait(1.0)
+    return False
+
+
 def _reflectors(
     core: RawCoreV1Api,
     resources: RawResourceV1Api,
     node: str,
     stop: threading.Event,
     on_change: Callable[[], None],
-) -> tuple[Reflector, Reflector]:
+) -> tuple[Objects, Objects]:
     """The watches of this node and of the driver's slices of it."""
-    node_watch = Reflector(
+    node_watch = Objects(
         "node", core.list_node, {"field_selector": f"metadata.name={node}"}, stop, on_change
     )
-    slice_watch = Reflector(
+    slice_watch = Objects(
         "resourceslices",
         resources.list_resource_slice,
         {"field_selector": f"spec.driver={DRIVER},spec.nodeName={node}"},

@@ -59,7 +59,8 @@ class Held:
 
 @dataclass(frozen=True)
 class Carried:
-    """A device prepared earlier: its results and the environment its spec gives."""
+    """A device (a claim's card) prepared earlier: its results and the environment its
+    spec gives."""
 
     held: tuple[Held, ...]
     environment: Mapping[str, str]

@@ -94,14 +94,19 @@ class _Pending:
         ]
 
 
-def _carried(claim: PreparedClaim) -> Carried:
-    held = tuple(
-        Held(claim.key, d.request, d.device, d.tiles, d.admin, d.share) for d in claim.devices
-    )
-    environment: dict[str, str] = {}
+def _carried(claim: PreparedClaim) -> list[Carried]:
+    """The claim's devices as prepared: per card, its results and the environment its CDI
+    device gives."""
+    by_card: dict[str, list[PreparedDevice]] = {}
     for device in claim.devices:
-        environment.update(device.environment)
-    return Carried(held, environment)
+        by_card.setdefault(device.device, []).append(device)
+    return [
+        Carried(
+            tuple(Held(claim.key, d.request, d.device, d.tiles, d.admin, d.share) for d in devices),
+            dict(devices[0].environment),
+        )
+        for devices in by_card.values()
+    ]
 
 
 PreparedHook = Callable[[Mapping[str, Any], PreparedClaim], None]
@@ -352,7 +357,7 @@ class Preparer:
         tiles_of = {name: card.tiles for name, card in self._cards.items()}
         devices = plan(
             [h for p in pending for h in p.held(self._cards)],
-            [_carried(c) for c in state.values()],
+            [carried for c in state.values() for carried in _carried(c)],
             found,
             tiles_of,
         )

@@ -17,6 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gas.kubeapi import events
 from gas.kubeapi.core import MERGE_PATCH, RawCoreV1Api
+from gas.kubeapi.reflector import Expired
 
 LIST_TIMEOUT = (5.0, 60.0)
 CALL_TIMEOUT = (3.0, 10.0)
@@ -79,6 +80,8 @@ class NodeApi:
                 _request_timeout=(5, WATCH_SECONDS + 30),
             )
         except ApiException as exc:
+            if exc.status == 410:  # the version is compacted away: list again
+                raise Expired() from None
             raise _fail(exc, "watch pods") from exc
         try:
             for line in response:

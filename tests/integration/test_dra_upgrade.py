@@ -174,3 +174,24 @@ def test_cards_labelled_exclusive_are_published_whole_once_no_claim_shares_them(
     # A malformed label shares every card, and says why.
     apiserver.patch_node("n1", {"metadata": {"labels": {LABEL_EXCLUSIVE_CARDS: "gpu0"}}})
     wait_for(lambda: "is not card names joined by dots" in rig.log(), 10)
+
+
+def test_an_instance_with_a_pod_uid_waits_for_one_without(
+    apiserver: ApiServerDouble, kubeconfig: str, tmp_path: Path
+) -> None:
+    """The first rolling update from a gas dra without pod UIDs: the old one neither takes
+    the lock nor reads the state again, so the new one waits until it has stopped."""
+    old = DraRig(apiserver, kubeconfig, "n1", CARDS, tmp_path)
+    new = old.twin("pod-new", tmp_path)
+    try:
+        old.start_registered()
+        new.start()
+        wait_for(lambda: "waiting for the gas dra serving" in new.log(), 20, "the wait said")
+        assert [p.name for p in old.kubelet.registration_sockets()] == [f"{DRIVER}-reg.sock"]
+        old.stop()
+        new.kubelet.register(timeout=30, socket=new.registration_name())
+        claim = old.add_claim("after", [share("gpu", "card0")])
+        assert new.kubelet.prepare([claim]).claims[claim.uid].error == ""
+    finally:
+        new.close()
+        old.close()
