@@ -216,6 +216,11 @@ COMMANDS = {
         "run the node agent: the kubelet device plugin that hands each container the cards "
         "gas chose, and the node's GPU labels and capacity",
     ),
+    "top": (
+        "gas.tools.top",
+        "show each card of this node and the containers using it: their real memory and "
+        "engine use, read from the kernel, beside their share",
+    ),
     "webhook": (
         "gas.serving.webhook",
         "serve the admission webhook: GPU pods sent to gas's scheduler, GPU pods gas can "

@@ -1,4 +1,4 @@
-"""What a container is told of its share of each card, and the names it is told under.
+"""What a container holds of each card, in both ways, and what it is told of it.
 
 A container that shares a card is given, beside the card's device nodes, one set of
 environment variables per card it holds a share of: the memory, the millicores and the
@@ -14,6 +14,10 @@ container's real use with the same numbers. The names carry the card as the host
 A container holding two shares of one card (two claims, or two requests of one claim) is
 told their sum. `TILES` is there only for a share that holds tiles of its own; a share of
 the whole card holds none.
+
+In the extender way a container's share is read from its pod instead (`extender_shares`):
+the cards of its segment of `gas-container-cards`, and its `gpu.intel.com/*` requests
+divided among them as the allocator divides them (`ContainerNeed.per_card`).
 """
 
 from __future__ import annotations
@@ -21,8 +25,19 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from gas.core.model import is_card_name
+from gas.core.model import (
+    ANNOTATION_CARDS,
+    TILES,
+    as_mapping,
+    is_card_name,
+    parse_cards,
+    pod_request,
+)
+
+MEMORY_RESOURCE = "gpu.intel.com/memory.max"
+MILLICORES_RESOURCE = "gpu.intel.com/millicores"
 
 PREFIX = "GAS_"
 _VARIABLE = re.compile(r"^GAS_CARD(0|[1-9][0-9]{0,5})_(MEMORY_BYTES|MILLICORES|TILES)$")
@@ -90,3 +105,27 @@ def read_shares(environment: Mapping[str, str]) -> dict[str, Share]:
         card: Share(parts.get("MEMORY_BYTES", 0), parts.get("MILLICORES", 0), parts.get("TILES", 0))
         for card, parts in amounts.items()
     }
+
+
+def extender_shares(pod: Mapping[str, Any]) -> dict[str, dict[str, Share]]:
+    """Container name -> card -> its share, for a pod gas bound (its `gas-container-cards`
+    annotation); empty for a pod gas did not place. SpecError when the pod or its
+    annotation cannot be read."""
+    annotations = as_mapping(as_mapping(pod.get("metadata")).get("annotations"))
+    value = annotations.get(ANNOTATION_CARDS)
+    if not isinstance(value, str):
+        return {}
+    request = pod_request(pod)
+    allocation = parse_cards(value, len(request.containers))
+    found: dict[str, dict[str, Share]] = {}
+    for need, cards in zip(request.containers, allocation, strict=True):
+        if not cards:
+            continue
+        per_card = need.per_card(len(cards))
+        share = Share(
+            per_card.get(MEMORY_RESOURCE, 0),
+            per_card.get(MILLICORES_RESOURCE, 0),
+            per_card.get(TILES, 0),
+        )
+        found[need.name] = dict.fromkeys(cards, share)
+    return found

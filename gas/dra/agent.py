@@ -20,6 +20,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -39,10 +40,13 @@ from gas.dra.publishing import Publishing
 from gas.dra.state import StateError
 from gas.host import discovery
 from gas.host.cards import Card
+from gas.host.containers import Holder, holders
 from gas.host.errors import NodeError
 from gas.host.health import card_health
 from gas.host.kubeapi import API_TIMEOUT, core_api
+from gas.host.overuse_calls import event_sender
 from gas.host.sockets import describe, listener
+from gas.host.usage_watch import UsageWatch, watch_usage
 from gas.host.watch import card_watcher
 from gas.kubeapi.core import RawCoreV1Api, status_message
 from gas.kubeapi.dra import RawResourceV1Api
@@ -121,12 +125,38 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, NodeError) as exc:
         log.error("%s", exc)
         return 2 if isinstance(exc, ValueError) else 1
-    resources = RawResourceV1Api(core.api_client)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     if args.pod_uid and not _wait_for_single_instance(args.kubelet_root_dir, stop):
         return 0
+    parts = _assemble(args, node, core, stop)
+    if isinstance(parts, int):
+        return parts
+    return _serve(args, node, parts, discover, stop)
+
+
+@dataclass
+class _Parts:
+    """The driver's pieces, wired to each other, none started."""
+
+    metrics: DraMetrics
+    writer: ClaimStatusWriter
+    preparer: Preparer
+    inventory: Inventory
+    cards: _Cards
+    feed: HealthFeed
+    publishing: Publishing
+    threads: list[threading.Thread]
+    """Started once the sockets serve: the watches, publishing, the status writer, the
+    usage watch and its helpers."""
+    usage: UsageWatch | None
+
+
+def _assemble(
+    args: argparse.Namespace, node: str, core: RawCoreV1Api, stop: threading.Event
+) -> _Parts | int:
+    resources = RawResourceV1Api(core.api_client)
     metrics = DraMetrics()
     writer = ClaimStatusWriter(
         resources, stop, lambda result: metrics.status_writes.labels(result).inc()
@@ -151,8 +181,6 @@ def run(args: argparse.Namespace) -> int:
         args.state_dir,
         lambda card, present, wedged: card_health(sysfs_root, card, present, wedged),
     )
-    feed = HealthFeed(node)
-    cards = _Cards(inventory, preparer)
     node_watch, slice_watch = _reflectors(
         core, resources, node, stop, on_change=lambda: publishing.trigger()
     )
@@ -168,68 +196,107 @@ def run(args: argparse.Namespace) -> int:
         stop,
         resync=args.slice_resync,
     )
+    cards, feed = _Cards(inventory, preparer), HealthFeed(node)
     inventory.listen(cards.apply)
     inventory.listen(feed.update)
     inventory.listen(lambda devices: _count_health(metrics, devices))
     inventory.listen(lambda devices: publishing.trigger())
+    threads: list[threading.Thread] = [writer, node_watch, slice_watch, publishing]
+    sender, pods = event_sender(core, stop), _pods(core, node, stop)
+    usage = watch_usage(
+        args,
+        core=core,
+        node=node,
+        component="gas-dra",
+        cards=lambda: [d.card for d in inventory.devices().values() if d.present],
+        holder=_holder(pods),
+        registry=metrics.registry,
+        sender=sender,
+        stop=stop,
+        environment=True,
+    )
+    if usage is not None:
+        threads += [sender, pods, usage]
+    return _Parts(metrics, writer, preparer, inventory, cards, feed, publishing, threads, usage)
 
-    def discover_or_say(found: Callable[[], list[Card]] = discover) -> list[Card]:
+
+def _serve(
+    args: argparse.Namespace,
+    node: str,
+    parts: _Parts,
+    discover: Callable[[], list[Card]],
+    stop: threading.Event,
+) -> int:
+    def discover_or_say() -> list[Card]:
         try:
-            return found()
+            return discover()
         except (NodeError, OSError):
-            cards.failed()
+            parts.cards.failed()
             raise
 
-    watcher = card_watcher(
-        args, discover_or_say, cards.discovered, stop, on_card=_udev(inventory, cards.refresh)
-    )
+    on_card = _udev(parts.inventory, parts.cards.refresh)
+    watcher = card_watcher(args, discover_or_say, parts.cards.discovered, stop, on_card=on_card)
     watcher.check()  # the cards are known before the kubelet can ask for one
     plugin = KubeletPlugin(
         dra_socket(args.kubelet_root_dir, args.pod_uid),
         registration_socket(args.kubelet_root_dir, args.pod_uid),
-        DraService(preparer, metrics, on_unprepared=writer.unprepared),
-        feed,
-        lambda: publishing.trigger(direct=True),
+        DraService(parts.preparer, parts.metrics, on_unprepared=parts.writer.unprepared),
+        parts.feed,
+        lambda: parts.publishing.trigger(direct=True),
     )
     if args.metrics_port:
-        metrics.serve(args.metrics_port, args.metrics_host, live=plugin.probe)
+        answer = None if parts.usage is None else parts.usage.answer(node)
+        parts.metrics.serve(args.metrics_port, args.metrics_host, live=plugin.probe, usage=answer)
     try:
         plugin.start()
     except SocketTaken as exc:
         log.error("not starting: %s", exc)
         plugin.stop()
         return 1
+    health = (parts.inventory, parts.preparer, args.health_interval, stop)
     threads = [
-        writer,
-        node_watch,
-        slice_watch,
-        publishing,
+        *parts.threads,
         threading.Thread(target=watcher.run, args=(stop.is_set,), name="card-watcher", daemon=True),
-        threading.Thread(
-            target=_health_loop,
-            args=(inventory, preparer, args.health_interval, stop),
-            name="card-health",
-            daemon=True,
-        ),
+        threading.Thread(target=_health_loop, args=health, name="card-health", daemon=True),
     ]
     for thread in threads:
         thread.start()
-    publishing.trigger(direct=True)
+    parts.publishing.trigger(direct=True)
     log.info(
         "gas dra on %s (%s): %d prepared claim(s) recorded",
         node,
         f"pod {args.pod_uid}" if args.pod_uid else "no pod UID",
-        len(preparer.state),
+        len(parts.preparer.state),
     )
     stop.wait()
     log.info("stopping")
     plugin.stop()
-    writer.close()
+    parts.writer.close()
     for thread in threads:
         thread.join(timeout=5)
-    if writer.pending():
-        log.warning("%d claim status write(s) left undone", writer.pending())
+    if parts.writer.pending():
+        log.warning("%d claim status write(s) left undone", parts.writer.pending())
     return 0
+
+
+def _pods(core: RawCoreV1Api, node: str, stop: threading.Event) -> Objects:
+    """The pods on this node, to name the containers whose GPU use is read."""
+    return Objects(
+        f"pods on {node}",
+        core.list_pod_for_all_namespaces,
+        {"field_selector": f"spec.nodeName={node}"},
+        stop,
+    )
+
+
+def _holder(pods: Objects) -> Callable[[str, str], Holder | None]:
+    def holder(pod_uid: str, container_id: str) -> Holder | None:
+        for pod in pods.objects().values():
+            if (pod.get("metadata") or {}).get("uid") == pod_uid:
+                return holders(pod, extender=False).get(container_id)
+        return None
+
+    return holder
 
 
 def _wait_for_single_instance(kubelet_root: str, stop: threading.Event) -> bool:

@@ -70,6 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="check the slice against the API server itself this often, besides on the "
         f"watches' events ({DEFAULT_SLICE_RESYNC:g})",
     )
+    flags.add_usage(parser)
     flags.add_running(parser, DEFAULT_METRICS_PORT)
 
 

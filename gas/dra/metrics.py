@@ -3,13 +3,13 @@ served on `--metrics-port`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
-from gas.httpserver.answering import WSGIApp
+from gas.host.usage_watch import USAGE_PATH
 from gas.httpserver.background import BackgroundServer, listen
+from gas.httpserver.routes import Answer, with_answers
 
 LIVENESS_PATH = "/healthz"
 
@@ -58,28 +58,29 @@ class DraMetrics:
         )
 
     def serve(
-        self, port: int, host: str = "0.0.0.0", live: Callable[[], str | None] | None = None
+        self,
+        port: int,
+        host: str = "0.0.0.0",
+        live: Callable[[], str | None] | None = None,
+        usage: Answer | None = None,
     ) -> BackgroundServer:
         """Metrics on every path but `/healthz`, which answers 200 when `live()` finds
-        nothing wrong and 503 with its reason otherwise."""
-        app = _with_liveness(make_wsgi_app(self.registry), live)
+        nothing wrong and 503 with its reason otherwise, and `/usage` (the containers' GPU
+        use, as JSON)."""
+        answers: dict[str, Answer] = {}
+        if live is not None:
+            answers[LIVENESS_PATH] = lambda: _liveness(live)
+        if usage is not None:
+            answers[USAGE_PATH] = usage
+        app = with_answers(make_wsgi_app(self.registry), answers)
         server = BackgroundServer(listen(host, port), app, name="metrics")
         self.registry.register(server.stats)
         server.start()
         return server
 
 
-def _with_liveness(metrics: WSGIApp, live: Callable[[], str | None] | None) -> WSGIApp:
-    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if environ.get("PATH_INFO") != LIVENESS_PATH or live is None:
-            return metrics(environ, start_response)
-        problem = live()
-        status = "200 OK" if problem is None else "503 Service Unavailable"
-        body = b"ok\n" if problem is None else f"{problem}\n".encode()
-        start_response(
-            status,
-            [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))],
-        )
-        return [body]
-
-    return app
+def _liveness(live: Callable[[], str | None]) -> tuple[int, str, bytes]:
+    problem = live()
+    if problem is None:
+        return 200, "text/plain; charset=utf-8", b"ok\n"
+    return 503, "text/plain; charset=utf-8", f"{problem}\n".encode()

@@ -90,3 +90,36 @@ def run_agent(command: str, load: Callable[[], AgentRun]) -> AgentRun:
         return agent_run(args)
 
     return run
+
+
+def add_usage(parser: argparse.ArgumentParser) -> None:
+    """What the agents read of the containers' real GPU use, and do about over-use
+    (docs/usage.md)."""
+    parser.add_argument(
+        "--usage-interval",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="read each container's GPU use this often; 0 turns it off (10)",
+    )
+    parser.add_argument(
+        "--proc-root",
+        default="/proc",
+        metavar="DIR",
+        help="the host's /proc, where the processes' DRM clients and cgroups are read (/proc)",
+    )
+    parser.add_argument(
+        "--overuse-grace",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long a container may hold more device memory than its share before it is "
+        "reported (30)",
+    )
+    parser.add_argument(
+        "--overuse-policy",
+        choices=("report", "evict"),
+        default="report",
+        help="report over-use (an Event, a counter, a log line), or also evict the pod most "
+        "over its share while its card is contended (report)",
+    )

@@ -27,6 +27,8 @@ Timeout = float | tuple[float, float] | None
 
 NODE_PATH = "/api/v1/nodes/{name}"
 POD_PATH = "/api/v1/namespaces/{namespace}/pods/{name}"
+PODS_PATH = "/api/v1/namespaces/{namespace}/pods"
+POD_PROXY_PATH = POD_PATH + "/proxy/{path}"
 EVENTS_PATH = "/api/v1/namespaces/{namespace}/events"
 LEASES_PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
@@ -94,6 +96,7 @@ class ListOptions(TypedDict, total=False):
     allow_watch_bookmarks: bool | None
     _continue: str | None
     field_selector: str | None
+    label_selector: str | None
     limit: int | None
     resource_version: str | None
     timeout_seconds: int | None
@@ -107,6 +110,7 @@ _LIST_QUERY = {
     "allow_watch_bookmarks": "allowWatchBookmarks",
     "_continue": "continue",
     "field_selector": "fieldSelector",
+    "label_selector": "labelSelector",
     "limit": "limit",
     "resource_version": "resourceVersion",
     "timeout_seconds": "timeoutSeconds",
@@ -131,6 +135,18 @@ class RawCoreV1Api(_Calls):
     def list_pod_for_all_namespaces(self, **options: Unpack[ListOptions]) -> BaseHTTPResponse:
         return self._list("/api/v1/pods", options)
 
+    def list_namespaced_pod(
+        self, namespace: str, **options: Unpack[ListOptions]
+    ) -> BaseHTTPResponse:
+        return self._list(PODS_PATH.format(namespace=namespace), options)
+
+    def connect_get_namespaced_pod_proxy_with_path(
+        self, name: str, namespace: str, path: str, *, _request_timeout: Timeout = None
+    ) -> BaseHTTPResponse:
+        """GET `path` of the pod's port `name` (`pod:port`) through the API server's proxy."""
+        where = {"name": name, "namespace": namespace, "path": path}
+        return self._call("GET", POD_PROXY_PATH, where, timeout=_request_timeout)
+
     def read_node(self, name: str, *, _request_timeout: Timeout = None) -> BaseHTTPResponse:
         return self._call("GET", NODE_PATH, {"name": name}, timeout=_request_timeout)
 
@@ -154,6 +170,23 @@ class RawCoreV1Api(_Calls):
         self, name: str, namespace: str, body: Mapping[str, Any], **options: Unpack[PatchOptions]
     ) -> BaseHTTPResponse:
         return self._patch(POD_PATH, {"name": name, "namespace": namespace}, body, options)
+
+    def create_namespaced_pod_eviction(
+        self,
+        name: str,
+        namespace: str,
+        body: Mapping[str, Any],
+        *,
+        _request_timeout: Timeout = None,
+    ) -> BaseHTTPResponse:
+        return self._call(
+            "POST",
+            POD_PATH + "/eviction",
+            {"name": name, "namespace": namespace},
+            body=body,
+            content_type=JSON,
+            timeout=_request_timeout,
+        )
 
     def create_namespaced_event(
         self, namespace: str, body: Mapping[str, Any], *, _request_timeout: Timeout = None

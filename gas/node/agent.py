@@ -23,6 +23,7 @@ from gas.host import discovery
 from gas.host.cards import Card
 from gas.host.errors import NodeError
 from gas.host.kubeapi import core_api
+from gas.host.usage_watch import watch_usage
 from gas.host.watch import card_watcher
 from gas.kubeapi.core import RawCoreV1Api
 from gas.kubeapi.events import EventSender
@@ -31,7 +32,7 @@ from gas.node.handout import HandoutWriter
 from gas.node.matcher import PodMatcher
 from gas.node.metrics import NodeMetrics
 from gas.node.plugin import DevicePlugin, Reporter
-from gas.node.podapi import NodeApi
+from gas.node.podapi import COMPONENT, NodeApi
 from gas.node.podcache import PodCache
 from gas.node.podresources import PodResourcesClient, PodResourcesError
 from gas.node.publish import NodePublisher
@@ -97,8 +98,6 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
 
     metrics = NodeMetrics()
-    if args.metrics_port:
-        metrics.serve(args.metrics_port, args.metrics_host)
     api = NodeApi(core, node)
     events = EventSender(api.create_event, stop)
     writer_stop = threading.Event()  # after the plugins, so the last writes are flushed
@@ -112,9 +111,25 @@ def run(args: argparse.Namespace) -> int:
             matcher.forget(uid)
 
     cache = PodCache(api, stop, on_removed=removed)
+    seen_cards: list[Card] = []
+    usage = watch_usage(
+        args,
+        core=core,
+        node=node,
+        component=COMPONENT,
+        cards=lambda: seen_cards,
+        holder=cache.holder,
+        registry=metrics.registry,
+        sender=events,
+        stop=stop,
+        environment=False,
+    )
+    if args.metrics_port:
+        answer = None if usage is None else usage.answer(node)
+        metrics.serve(args.metrics_port, args.metrics_host, usage=answer)
     matcher = PodMatcher(cache, pod_resources)
     reporter = Reporter(node, metrics, events, writer)
-    for thread in (events, writer, cache):
+    for thread in (events, writer, cache, *([usage] if usage is not None else [])):
         thread.start()
     if not cache.wait_synced(SYNC_WAIT):
         log.warning("pods on %s not listed yet; serving anyway, requests wait for it", node)
@@ -136,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
     publish = _publisher(core, node, args.numa)
 
     def on_change(cards: list[Card]) -> bool:
+        seen_cards[:] = cards
         plugins.update(cards)
         return publish(cards)
 

@@ -54,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also write the gpu.intel.com/numa-gpu-map node label",
     )
+    flags.add_usage(parser)
     flags.add_running(parser, DEFAULT_METRICS_PORT)
 
 

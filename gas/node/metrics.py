@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
+from gas.host.usage_watch import USAGE_PATH
 from gas.httpserver.background import BackgroundServer, listen
+from gas.httpserver.routes import Answer, with_answers
 
 
 class NodeMetrics:
@@ -44,11 +46,17 @@ class NodeMetrics:
             registry=self.registry,
         )
 
-    def serve(self, port: int, host: str = "0.0.0.0") -> BackgroundServer:
+    def serve(
+        self, port: int, host: str = "0.0.0.0", usage: Answer | None = None
+    ) -> BackgroundServer:
         """Serves the metrics on `host`:`port` from a thread of their own, through the
         serving loop every listener of gas uses (docs/serving.md: no thread per
-        connection, the same timeouts and limits); its connections are counted there."""
-        server = BackgroundServer(listen(host, port), make_wsgi_app(self.registry), name="metrics")
+        connection, the same timeouts and limits); its connections are counted there.
+        `usage` answers `/usage` (the containers' GPU use, as JSON)."""
+        app = make_wsgi_app(self.registry)
+        if usage is not None:
+            app = with_answers(app, {USAGE_PATH: usage})
+        server = BackgroundServer(listen(host, port), app, name="metrics")
         self.registry.register(server.stats)
         server.start()
         return server

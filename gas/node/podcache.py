@@ -2,7 +2,9 @@
 `spec.nodeName=<node>`, `gas.kubeapi.reflector`), as records the identification reads.
 
 `refresh()` and `fetch()` are direct reads for the moments the watch may lag: the kubelet
-learns of a pod from its own watch, which can run ahead of this one.
+learns of a pod from its own watch, which can run ahead of this one. Beside each record it
+keeps the pod's containers by runtime id, with their shares (`gas.host.containers`), for
+the reading of their GPU use.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gas.core.model import as_mapping
+from gas.host.containers import Holder, holders
 from gas.kubeapi.reflector import Reflector
 from gas.node.identify import PodRecord, pod_record
 from gas.node.podapi import NodeApi
@@ -29,6 +32,7 @@ class PodCache(Reflector):
         self._on_removed = on_removed
         self._lock = threading.Lock()
         self._pods: dict[str, PodRecord] = {}
+        self._holders: dict[str, dict[str, Holder]] = {}
 
     # ------------------------------------------------------------ reads
 
@@ -39,6 +43,11 @@ class PodCache(Reflector):
     def get(self, uid: str) -> PodRecord | None:
         with self._lock:
             return self._pods.get(uid)
+
+    def holder(self, pod_uid: str, container_id: str) -> Holder | None:
+        """The container of this runtime id in the pod of this UID, with its shares."""
+        with self._lock:
+            return self._holders.get(pod_uid, {}).get(container_id)
 
     def refresh(self) -> None:
         """List afresh now (the watch goes on from where it was)."""
@@ -56,10 +65,11 @@ class PodCache(Reflector):
     # ------------------------------------------------------------ what the reflector finds
 
     def replace(self, items: list[dict[str, Any]]) -> None:
-        records = [r for r in (pod_record(item) for item in items) if r is not None]
+        pairs = [(r, item) for r, item in ((pod_record(item), item) for item in items) if r]
         with self._lock:
-            gone = set(self._pods) - {r.uid for r in records}
-            self._pods = {r.uid: r for r in records}
+            gone = set(self._pods) - {r.uid for r, _ in pairs}
+            self._pods = {r.uid: r for r, _ in pairs}
+            self._holders = {r.uid: holders(item, extender=True) for r, item in pairs}
         for uid in gone:
             self._on_removed(uid)
 
@@ -76,9 +86,11 @@ class PodCache(Reflector):
         if record is not None:
             with self._lock:
                 self._pods[record.uid] = record
+                self._holders[record.uid] = holders(obj, extender=True)
 
     def _remove(self, uid: str) -> None:
         with self._lock:
             found = self._pods.pop(uid, None)
+            self._holders.pop(uid, None)
         if found is not None:
             self._on_removed(uid)

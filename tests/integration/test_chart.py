@@ -294,6 +294,8 @@ def test_existing_secrets_without_a_ca_are_refused_with_what_to_do(
         ({"certificates": {"source": "vault"}}, r"source"),
         ({"scheduler": {"image": {"tag": "1.33.2"}}}, r"tag"),
         ({"dra": {"unhealthyTaintEffect": "Evict"}}, r"unhealthyTaintEffect"),
+        ({"usage": {"overusePolicy": "kill"}}, r"overusePolicy"),
+        ({"usage": {"interval": -1}}, r"interval"),
     ],
     ids=[
         "policy",
@@ -305,6 +307,8 @@ def test_existing_secrets_without_a_ca_are_refused_with_what_to_do(
         "cert-source",
         "tag-without-v",
         "taint-effect",
+        "overuse-policy",
+        "negative-usage-interval",
     ],
 )
 def test_schema_refuses_wrong_values_naming_them(
@@ -317,7 +321,8 @@ def test_schema_refuses_wrong_values_naming_them(
 def test_the_dra_taint_effect_reaches_gas_dra_as_its_flag(helm: Path, tmp_path: Path) -> None:
     from gas.cli import build_parser
 
-    for effect, wanted in (("NoExecute", ["dra"]), ("NoSchedule", None)):
+    (deployed,) = manifests.find("DaemonSet", "gas-dra")["spec"]["template"]["spec"]["containers"]
+    for effect, wanted in (("NoExecute", deployed["args"]), ("NoSchedule", None)):
         dra: dict[str, Any] = {"enabled": True, "unhealthyTaintEffect": effect}
         values = {"scheduling": "none", "nodeSide": "none", "dra": dra}
         (daemon,) = [d for d in chart.template(helm, tmp_path, values) if d["kind"] == "DaemonSet"]
@@ -326,6 +331,72 @@ def test_the_dra_taint_effect_reaches_gas_dra_as_its_flag(helm: Path, tmp_path: 
             assert container["args"] == wanted  # the default: deploy/dra's arguments
         parsed = build_parser().parse_args(container["args"])
         assert parsed.unhealthy_taint_effect == effect
+
+
+# Both node agents, together: gas node (nodeSide: device-plugin) and gas dra.
+BOTH_AGENTS: dict[str, Any] = {"dra": {"enabled": True}}
+
+
+def _agents(helm: Path, tmp_path: Path, usage: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each agent DaemonSet's pod spec, by command, rendered with these usage values."""
+    docs = chart.template(helm, tmp_path, BOTH_AGENTS | {"usage": usage})
+    pods = {
+        name: chart.find(docs, "DaemonSet", f"gas-{name}")["spec"]["template"]["spec"]
+        for name in ("node", "dra")
+    }
+    assert [c["args"][0] for p in pods.values() for c in p["containers"]] == ["node", "dra"]
+    return pods
+
+
+def _reads_host_proc(pod: dict[str, Any]) -> bool:
+    """Whether the pod mounts the host's /proc and its one container may ptrace-read it."""
+    (container,) = pod["containers"]
+    volumes = [v for v in pod["volumes"] if v.get("hostPath", {}).get("path") == "/proc"]
+    mounts = [m for m in container["volumeMounts"] if m["name"] == "host-proc"]
+    added = container["securityContext"]["capabilities"].get("add")
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert bool(volumes) == bool(mounts) == bool(added), (volumes, mounts, added)
+    return bool(volumes)
+
+
+def test_usage_interval_0_turns_off_the_reading_and_what_it_needs(
+    helm: Path, tmp_path: Path
+) -> None:
+    from gas.cli import _go_style, build_parser
+
+    for name, pod in _agents(helm, tmp_path, {"interval": 0}).items():
+        (container,) = pod["containers"]
+        assert not _reads_host_proc(pod), name
+        assert "--usage-interval=0" in container["args"], name
+        assert not [a for a in container["args"] if a.startswith("--proc-root")], name
+        parsed = build_parser().parse_args(_go_style(container["args"]))
+        assert parsed.command == name and parsed.usage_interval == 0, name
+
+
+def test_usage_values_reach_both_agents_as_their_flags(helm: Path, tmp_path: Path) -> None:
+    from gas.cli import _go_style, build_parser
+
+    usage = {"interval": 2.5, "overusePolicy": "evict", "overuseGrace": 45}
+    for name, pod in _agents(helm, tmp_path, usage).items():
+        (container,) = pod["containers"]
+        assert _reads_host_proc(pod), name
+        assert "--overuse-policy=evict" in container["args"], name
+        parsed = build_parser().parse_args(_go_style(container["args"]))
+        assert parsed.command == name, name
+        assert (parsed.usage_interval, parsed.overuse_policy, parsed.overuse_grace) == (
+            2.5,
+            "evict",
+            45,
+        ), name
+        # --proc-root names where the host's /proc is mounted.
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "host-proc"]
+        assert parsed.proc_root == mount["mountPath"], name
+    # The defaults add no flag but --proc-root (deploy/'s arguments, held equal above).
+    for name, pod in _agents(helm, tmp_path, {}).items():
+        (container,) = pod["containers"]
+        assert _reads_host_proc(pod), name
+        usage_flags = ("--usage-interval", "--overuse-policy", "--overuse-grace")
+        assert not [a for a in container["args"] if a.startswith(usage_flags)], name
 
 
 def test_schema_policies_are_gas_serves() -> None:

@@ -23,6 +23,13 @@ from gas.tools.inspector.read import (
 )
 from gas.tools.inspector.render import render_table, report_json
 from gas.tools.inspector.report import build_report
+from gas.tools.inspector.usage import (
+    UsageRow,
+    read_usage,
+    render_usage,
+    usage_json,
+    usage_rows,
+)
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
@@ -87,6 +94,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also show how many more pods of common sizes (a quarter, half or whole card, "
         "two cards) each node could take: GPU fragmentation",
     )
+    parser.add_argument(
+        "--namespace",
+        default="gas-system",
+        help="gas's namespace, where its node agents run: their /usage is read through the "
+        "API server's proxy (gas-system)",
+    )
+    parser.add_argument(
+        "--no-usage",
+        dest="usage",
+        action="store_false",
+        help="leave out each container's GPU use beside its share",
+    )
     parser.add_argument("-v", "--v", type=int, default=2, help="log verbosity: 4+ debug (2)")
 
 
@@ -107,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
             if getattr(args, "check", False):
                 return _run_check(args, api_client, nodes, pods, dra)
             report = build_report(nodes, pods, args.node, args.placeable)
+            rows, usage_errors = _usage(args, api_client)
             if args.extender:
                 report.drift_url = args.extender
                 report.drift = _check_drift(args, api_client, pods)
@@ -118,9 +138,12 @@ def run(args: argparse.Namespace) -> int:
         # Only where there is something to say: a cluster without DRA nodes reads as before.
         if dra.cards or dra.problems or dra_error is not None:
             whole["dra"] = dra_json(dra) | {"error": dra_error}
+        if rows or usage_errors:
+            whole["usage"] = usage_json(rows, usage_errors)
         text = json.dumps(whole, indent=2) + "\n"
     else:
-        text = render_table(report) + _dra_text(dra, dra_error)
+        used = render_usage(rows, usage_errors)
+        text = render_table(report) + _dra_text(dra, dra_error) + _block(used)
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -128,6 +151,17 @@ def run(args: argparse.Namespace) -> int:
         # `gas inspect | head`: the reader left; Python would complain again at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return EXIT_PROBLEMS if report.failed or dra.problems else EXIT_OK
+
+
+def _usage(args: argparse.Namespace, api_client: Any) -> tuple[list[UsageRow], list[str]]:
+    if not getattr(args, "usage", True):
+        return [], []
+    answers, errors = read_usage(api_client, args.namespace, args.node)
+    return usage_rows(answers, args.node), errors
+
+
+def _block(lines: list[str]) -> str:
+    return "\n" + "\n".join(lines) + "\n" if lines else ""
 
 
 def _dra_text(dra: DraReport, error: str | None) -> str:

@@ -75,7 +75,7 @@ def rbac_request(
     """Map one HTTP request to RBAC attributes (verb, group, resource, ...)."""
     assert route.kind is not None
     group = route.api_version.rpartition("/")[0]
-    subresource = route.target if route.target in ("status", "binding") else ""
+    subresource = route.target if route.target in ("status", "binding", "eviction", "proxy") else ""
     if route.target == "collection":
         verb = {"GET": "watch" if is_watch else "list", "POST": "create"}.get(
             method, "deletecollection" if method == "DELETE" else method.lower()

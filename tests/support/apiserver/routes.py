@@ -24,12 +24,15 @@ class Response:
 
 @dataclass(frozen=True)
 class Route:
-    target: str  # "collection", "item", "status", "binding", "version", "health"
+    # "collection", "item", "status", "binding", "eviction", "proxy", "version", "health"
+    target: str
     kind: Kind | None
     namespace: str | None
     name: str | None
     methods: frozenset[str]
     api_version: str = "v1"
+    subpath: str = ""
+    """What a proxy request asks of the pod (after `/proxy/`)."""
 
 
 _SEG = r"([^/]+)"
@@ -76,6 +79,20 @@ _ROUTES: Final[tuple[tuple[re.Pattern[str], str, str | None, frozenset[str], str
         "binding",
         "pods",
         frozenset({"POST"}),
+        "v1",
+    ),
+    (
+        re.compile(rf"^/api/v1/namespaces/{_SEG}/pods/{_SEG}/eviction$"),
+        "eviction",
+        "pods",
+        frozenset({"POST"}),
+        "v1",
+    ),
+    (
+        re.compile(rf"^/api/v1/namespaces/{_SEG}/pods/{_SEG}/proxy/(.*)$"),
+        "proxy",
+        "pods",
+        frozenset({"GET"}),
         "v1",
     ),
     (re.compile(r"^/api/v1/events$"), "collection", "events", frozenset({"GET"}), "v1"),
@@ -173,7 +190,8 @@ def match_route(path: str) -> Route | None:
             name = groups[1] if len(groups) > 1 else None
         elif kind is not None and groups:
             name = groups[0]
-        return Route(target, kind, namespace, name, methods, api_version)
+        subpath = groups[2] if target == "proxy" else ""
+        return Route(target, kind, namespace, name, methods, api_version, subpath)
     return None
 
 
@@ -247,6 +265,10 @@ def dispatch(
             },
         )
     subresource = "status" if route.target == "status" else ""
+    if route.target == "eviction":
+        return _evict(store, namespace, route.name or "", decode_json(body))
+    if route.target == "proxy":
+        return _proxy(store, namespace, route.name or "", route.subpath)
     if method == "GET":
         with store.lock:
             return Response(200, kind.typed(store.get_locked(kind, namespace, name)))
@@ -278,3 +300,41 @@ def dispatch(
             kind, namespace, name, options if isinstance(options, dict) else None
         )
     return Response(200, kind.typed(deleted))
+
+
+def _evict(store: Store, namespace: str, name: str, eviction: Any) -> Response:
+    """The Eviction API without disruption budgets (the double keeps none): the pod is
+    deleted, its UID precondition honoured; 404 when it is not there."""
+    from tests.support.apiserver.kinds import PODS
+
+    options = (eviction or {}).get("deleteOptions") if isinstance(eviction, dict) else None
+    with store.lock:
+        store.delete_locked(PODS, namespace, name, options if isinstance(options, dict) else None)
+    return Response(
+        201,
+        {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
+    )
+
+
+def _proxy(store: Store, namespace: str, name: str, subpath: str) -> Response:
+    """The API server's proxy to a pod's port (`pod:port`): the double's pods listen on
+    the loopback, so the GET goes to 127.0.0.1 at that port."""
+    import urllib.error
+    import urllib.request
+
+    from tests.support.apiserver.kinds import PODS
+
+    pod_name, _, port = name.partition(":")
+    with store.lock:
+        store.get_locked(PODS, namespace, pod_name)  # 404 when there is no such pod
+    if not port.isdigit():
+        raise bad_request(f"no port in {name!r}")
+    url = f"http://127.0.0.1:{port}/{subpath}"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            body = json.loads(answer.read() or b"null")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise ApiError(
+            503, "ServiceUnavailable", f"error trying to reach service: {exc}", {}
+        ) from None
+    return Response(200, body if isinstance(body, dict) else {"value": body})
