@@ -58,6 +58,9 @@ class ProcScan:
     complete: bool = True
     """False: some GPU use could not be read (a process incomplete, or one whose fds could
     not even be listed)."""
+    unlisted: int = 0
+    """Processes whose fds could not be read at all: what they hold, and on which card, is
+    not known, so no card's total is."""
 
 
 @dataclass
@@ -159,6 +162,11 @@ def _environment(path: str) -> dict[str, str] | None:
     return found
 
 
+def _unlisted(tally: _Tally, exc: OSError) -> None:
+    why = "permission denied" if isinstance(exc, PermissionError) else exc.strerror or "?"
+    tally.unlisted[why] = tally.unlisted.get(why, 0) + 1
+
+
 def _drm_fds(fd_dir: str, tally: _Tally) -> list[int] | None:
     """The process's DRM fds, by number; None when its fds cannot be listed (a process gone
     before that is not counted: it held nothing)."""
@@ -169,8 +177,7 @@ def _drm_fds(fd_dir: str, tally: _Tally) -> list[int] | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        why = "permission denied" if isinstance(exc, PermissionError) else exc.strerror or "?"
-        tally.unlisted[why] = tally.unlisted.get(why, 0) + 1
+        _unlisted(tally, exc)
         return None
     try:
         names = os.listdir(folder)
@@ -178,8 +185,13 @@ def _drm_fds(fd_dir: str, tally: _Tally) -> list[int] | None:
         for name in names:
             try:
                 target = os.readlink(name, dir_fd=folder)
-            except OSError:
-                continue  # closed since it was listed: it holds nothing now
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # closed, or exited, since it was listed: it holds nothing now
+            except OSError as exc:
+                # The folder of a process of the reader's own user can be listed without
+                # ptrace read access; each link then needs it, and is refused.
+                _unlisted(tally, exc)
+                return None
             if target.startswith(_DRM_PREFIX) and _DRM_LINK.match(target) and name.isdigit():
                 found.append(int(name))
         return sorted(found)
@@ -290,4 +302,5 @@ def scan(
                 processes.append(process)
     processes.sort(key=lambda process: process.pid)
     complete = not tally.unlisted and all(process.complete for process in processes)
-    return ProcScan(tuple(processes), True, tally.notes(), complete)
+    unlisted = sum(tally.unlisted.values())
+    return ProcScan(tuple(processes), True, tally.notes(), complete, unlisted)

@@ -61,6 +61,9 @@ class Usage:
     """Every card given, by number, used or not."""
     notes: tuple[str, ...]
     complete: bool
+    whole: bool = True
+    """Every process's fds were read: a card's total (pods' and others') is what it holds.
+    False: some could not be (permission denied), and no card's total is known."""
 
 
 Owner = tuple[str, str]
@@ -172,7 +175,7 @@ def attribute(scan: ProcScan, cards: Sequence[Card]) -> Usage:
         and scan.complete
         and all(e.complete for owners in entries.values() for e in owners.values())
     )
-    return Usage(tuple(used), tuple(notes), complete)
+    return Usage(tuple(used), tuple(notes), complete, scan.readable and not scan.unlisted)
 
 
 def _uses(found: Usage) -> Iterable[tuple[str, ContainerUse]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -31,6 +32,7 @@ from gas.host.cgroups import PodContainer
 from gas.host.containers import Holder
 from gas.host.overuse import EVICT, Eviction, Exceeding, Observation, OverUse, card_states
 
+_DIGITS = re.compile(r"[0-9]+")
 log = logging.getLogger(__name__)
 
 LABELS = ("namespace", "pod", "container", "card")
@@ -49,6 +51,16 @@ class Seen:
     memory: int | None
     share: Share | None
     engines: Mapping[str, float]
+
+
+def fresh_notes(
+    said: frozenset[str], notes: Iterable[str]
+) -> tuple[list[str], frozenset[str]]:
+    """The notes not said in the last round, and what is said now. A note is told from
+    another by its words, not its counts: "3 process(es) ... permission denied" in one
+    round and "4 process(es)" in the next is one thing, said once until it goes away."""
+    kinds = {_DIGITS.sub("#", note): note for note in notes}
+    return [note for kind, note in kinds.items() if kind not in said], frozenset(kinds)
 
 
 class UsageMetrics(Collector):
@@ -156,7 +168,7 @@ class UsageWatch(threading.Thread):
         self._environment = environment
         self._clock = clock
         self._before: tuple[float, usage.Usage] | None = None
-        self._said: tuple[str, ...] = ()
+        self._said: frozenset[str] = frozenset()
         self.rounds = 0
 
     def answer(self, node: str) -> Callable[[], tuple[int, str, bytes]]:
@@ -212,11 +224,9 @@ class UsageWatch(threading.Thread):
         return usage.engine_utilization(before[1], found, now - before[0])
 
     def _say(self, notes: tuple[str, ...]) -> None:
-        if notes != self._said:
-            for note in notes:
-                if note not in self._said:
-                    log.warning("GPU use: %s", note)
-        self._said = notes
+        fresh, self._said = fresh_notes(self._said, notes)
+        for note in fresh:
+            log.warning("GPU use: %s", note)
 
     def _seen(
         self,

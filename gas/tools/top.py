@@ -166,11 +166,13 @@ def _container(
     return entry
 
 
-def _other(card: CardUse, busy: Utilization | None) -> dict[str, Any]:
+def _other(card: CardUse, busy: Utilization | None, whole: bool) -> dict[str, Any]:
     other = card.other
     if other is None:
-        # Nothing outside pods: none of the card's memory, when the kernel reports it.
-        other = ContainerUse("", "", (), 0 if card.memory_reported else None, {}, True)
+        # Nothing outside pods: none of the card's memory, when the kernel reports it and
+        # every process was read.
+        known = card.memory_reported and whole
+        other = ContainerUse("", "", (), 0 if known else None, {}, whole)
     entry: dict[str, Any] = {
         "memoryBytes": other.memory,
         "pids": list(other.pids),
@@ -178,12 +180,17 @@ def _other(card: CardUse, busy: Utilization | None) -> dict[str, Any]:
     }
     if busy is not None:
         entry["utilization"] = dict(busy.get((card.card, "", ""), {}))
-    entry["complete"] = other.complete
+    entry["complete"] = other.complete and whole
     return entry
 
 
 def _card(
-    card: CardUse, facts: Card | None, found: ProcScan, pods: Pods, busy: Utilization | None
+    card: CardUse,
+    facts: Card | None,
+    found: ProcScan,
+    pods: Pods,
+    busy: Utilization | None,
+    whole: bool,
 ) -> dict[str, Any]:
     grouped: dict[str, list[ContainerUse]] = {}
     for use in card.containers:
@@ -210,9 +217,10 @@ def _card(
         "driver": facts.driver if facts is not None else "",
         "memoryCapacityBytes": facts.memory if facts is not None and facts.memory else None,
         "memoryReported": card.memory_reported,
-        "memoryBytes": None if None in amounts else sum(a or 0 for a in amounts),
+        # Not known while some process could not be read: it may hold any of it.
+        "memoryBytes": None if None in amounts or not whole else sum(a or 0 for a in amounts),
         "pods": listed,
-        "other": _other(card, busy),
+        "other": _other(card, busy, whole),
     }
     return entry
 
@@ -229,7 +237,9 @@ def build_report(
     """The JSON of `--json`, from which the table is drawn too."""
     facts = {card.name: card for card in cards}
     report: dict[str, Any] = {
-        "cards": [_card(c, facts.get(c.card), reading, pods, busy) for c in found.cards],
+        "cards": [
+            _card(c, facts.get(c.card), reading, pods, busy, found.whole) for c in found.cards
+        ],
         "complete": found.complete,
         "notes": [*found.notes, *notes],
     }
@@ -292,7 +302,11 @@ def render(report: Mapping[str, Any]) -> str:
     for card in report["cards"]:
         capacity = card["memoryCapacityBytes"]
         used = memory_text(card["memoryBytes"])
-        memory = used if capacity is None else f"{used}/{memory_text(capacity)}"
+        if capacity is not None:
+            of = memory_text(capacity)
+            memory = f"{used}/{of}" if card["memoryBytes"] is not None else f"n/a of {of}"
+        else:
+            memory = used
         title = f"{card['card']} {card['pciAddress']} {card['driver']}".rstrip()
         rows.append([title, "", memory, "", "", *([""] if interval else [])])
         for pod in card["pods"]:
@@ -393,9 +407,9 @@ def run(args: argparse.Namespace) -> int:
     pods = NO_PODS
     if args.kubeconfig:
         if args.node_name:
-            listed, notes = read_pods(args.kubeconfig, args.node_name)
+            listed, unlisted = read_pods(args.kubeconfig, args.node_name)
             pods, unreadable = index_pods(listed)
-            notes += unreadable
+            notes += [*unlisted, *unreadable]
         else:
             notes.append("containers not named: no node name (give --node-name or set NODE_NAME)")
     report = build_report(found, reading, cards, pods, busy, notes, args.interval)

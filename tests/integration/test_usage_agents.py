@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from gas.cli import main
 from gas.core.shares import Share, share_environment
 from tests.support.apiserver import ApiServerDouble
 from tests.support.draproc import DraRig
@@ -231,3 +232,55 @@ def test_gas_dra_reads_use_beside_the_share_in_the_containers_environment(
     assert event["source"]["component"] == "gas-dra"
     assert apiserver.get_pod("work", "hog") is not None
     assert "container app uses 12Gi of card0's memory" in rig.log()
+
+
+def agent_pod(name: str, node: str, port: int) -> dict[str, Any]:
+    """gas dra's pod as deploy/dra runs it, its metrics port named."""
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "gas-system",
+            "labels": {"app.kubernetes.io/name": "gas-dra"},
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {"name": "gas-dra", "ports": [{"name": "metrics", "containerPort": port}]}
+            ],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+def test_inspect_shows_use_beside_share_through_the_agents_pod_proxy(
+    dra_rig: tuple[DraRig, int],
+    apiserver: ApiServerDouble,
+    kubeconfig: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rig, port = dra_rig
+    rig.start_registered()
+    apiserver.add_node({"metadata": {"name": "n2"}})
+    apiserver.add_pod(agent_pod("gas-dra-n1", "n1", port))
+    # An agent whose port answers nothing: its node's use is left out, and said so.
+    apiserver.add_pod(agent_pod("gas-dra-n2", "n2", free_port()))
+    try:
+        wait_for(lambda: len(usage_of(port)["containers"]) == 2, 30, "both containers' use")
+    except TimeoutError as exc:
+        raise AssertionError(rig.log()) from exc
+    capsys.readouterr()
+    main(["inspect", "--kubeConfig", kubeconfig])
+    out = capsys.readouterr().out
+    rows = {line.split()[2]: line.split() for line in out.splitlines() if line.startswith("n1 ")}
+    assert rows["work/hog"][:6] == ["n1", "card0", "work/hog", "app", "12Gi", "4Gi"]
+    assert rows["work/hog"][-1] == "OVER"
+    assert rows["work/calm"][4:6] == ["6Gi", "8Gi"] and rows["work/calm"][-1] != "OVER"
+    assert "GPU use: 2 container(s) on cards, 1 over their share" in out
+    assert "GPU use not shown: node n2: " in out
+    main(["inspect", "--kubeConfig", kubeconfig, "-o", "json", "--node", "n1"])
+    usage = json.loads(capsys.readouterr().out)["usage"]
+    assert usage["errors"] == []  # n2 not asked
+    hog = next(c for c in usage["containers"] if c["pod"] == "hog")
+    assert (hog["memoryBytes"], hog["memoryShareBytes"], hog["over"]) == (12 * GIB, 4 * GIB, True)
+    main(["inspect", "--kubeConfig", kubeconfig, "--no-usage"])
+    assert "GPU use" not in capsys.readouterr().out

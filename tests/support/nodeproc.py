@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from tests.support.apiserver import ApiServerDouble
@@ -44,10 +44,14 @@ class NodeProcess:
         devfs: Path,
         log_path: Path,
         extra: Iterable[str] = (),
+        prefix: Sequence[str] = (),
     ) -> None:
         self.node = node
         self.log_path = log_path
+        # `prefix`: what the agent runs under (e.g. setpriv, to hold the capabilities a
+        # deployment gives it).
         self.command = [
+            *prefix,
             sys.executable,
             "-m",
             "gas.cli",
@@ -118,6 +122,7 @@ class NodeRig:
         extra: Iterable[str] = (),
         status_lag: float = 0.0,
         run: bool = True,
+        prefix: Sequence[str] = (),
     ) -> None:
         self.node = node
         self.cards = cards
@@ -134,6 +139,7 @@ class NodeRig:
             self.devfs,
             log_dir / f"gas-node-{node}.log",
             extra,
+            prefix,
         )
 
     def wait_registered(self, shares: int = 10, timeout: float = 30.0) -> None:

@@ -18,7 +18,8 @@ from typing import Any
 from gas.core.quantity import format_quantity
 
 AGENTS = {"gas-node": 9102, "gas-dra": 9103}
-"""The agents' pod labels (`app.kubernetes.io/name`) and their metrics ports."""
+"""The agents' pod labels (`app.kubernetes.io/name`) and their default metrics ports, used
+when the pod names no container port `metrics`."""
 USAGE_PATH = "usage"
 PROXY_TIMEOUT = (5.0, 15.0)
 
@@ -138,6 +139,17 @@ def usage_json(rows: Sequence[UsageRow], errors: Sequence[str]) -> dict[str, Any
     }
 
 
+def _metrics_port(spec: Mapping[str, Any]) -> int | None:
+    """The container port named `metrics` (an agent started with another --metrics-port
+    says so there)."""
+    for container in spec.get("containers") or []:
+        for port in (container or {}).get("ports") or []:
+            number = (port or {}).get("containerPort")
+            if (port or {}).get("name") == "metrics" and isinstance(number, int):
+                return number
+    return None
+
+
 def read_usage(
     api_client: Any, namespace: str, only_node: str | None
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
@@ -169,7 +181,9 @@ def read_usage(
             continue
         if (pod.get("status") or {}).get("phase") != "Running":
             continue
-        port = AGENTS.get(str((metadata.get("labels") or {}).get("app.kubernetes.io/name")))
+        port = _metrics_port(spec) or AGENTS.get(
+            str((metadata.get("labels") or {}).get("app.kubernetes.io/name"))
+        )
         name = f"{metadata.get('name')}:{port}"
         try:
             response = core.connect_get_namespaced_pod_proxy_with_path(

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Final, cast
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from tests.support.apiserver.errors import (
     ApiError,
@@ -156,7 +156,9 @@ class RequestHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._send(bad_request("malformed request body"))
             return
-        route = match_route(path)
+        # Routed on the decoded path, as the API server routes (a client escapes the `:` of
+        # a proxy's `pod:port`).
+        route = match_route(unquote(path))
         is_watch = (
             route is not None
             and route.target == "collection"
