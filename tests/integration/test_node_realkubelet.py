@@ -4,7 +4,9 @@ in for the cards. `gas node` registers with that kubelet as its device plugin; p
 by the real kube-scheduler with the real `gas serve` as its extender are started by the
 kubelet, and each container must see exactly the device nodes of the cards gas wrote into
 its pod's `gas-container-cards`: in its own /dev/dri and in its devices cgroup, also
-through a kubelet restart and a `gas node` restart.
+through a kubelet restart and a `gas node` restart. `gas node` runs as deploy/ runs it
+(root, no capability but SYS_PTRACE) and reads the GPU use of the pods' real processes:
+their cgroup files are real, their DRM fds and fdinfo synthetic (no GPU here).
 
 One real node per machine (the kubelet's device-plugin socket has a fixed path): the
 tests share one, in file order, and hold a lock while it lives.
@@ -13,9 +15,16 @@ tests share one, in file order, and hold a lock while it lives.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import re
+import shutil
+import subprocess
+import sys
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +34,8 @@ from kubernetes.utils import parse_quantity
 
 from gas.core.model import ANNOTATION_CARDS, LABEL_GPU_NUMBERS, parse_cards
 from tests.support import realk8s, realnode
+from tests.support.capabilities import deployed_capabilities
+from tests.support.fakeproc import GIB, drm_fd, i915_fdinfo, other_fds
 from tests.support.fakesysfs import FakeCard, write_sysfs
 from tests.support.gasproc import GasProcess, TLSFiles
 from tests.support.polling import wait_for
@@ -47,6 +58,10 @@ class Rig:
     agent: realnode.GasNode
     gas: GasProcess
     core: Any
+    proc: Path
+    """The proc root gas node reads its GPU use from (`--proc-root`)."""
+    sysfs: Path
+    metrics_port: int
 
 
 def _grant_gas_node_role(plane: realk8s.ControlPlane) -> str:
@@ -98,7 +113,20 @@ def rig(tmp_path_factory: pytest.TempPathFactory, tls_files: TLSFiles) -> Iterat
         # The cards live in the node's working directory, which it removes when it stops.
         sysfs = write_sysfs(node.workdir / "cards" / "sys", CARDS)
         devfs = realnode.write_char_devfs(node.workdir / "cards" / "dev", CARDS)
-        agent = realnode.GasNode(node, agent_kubeconfig, sysfs, devfs, work / "gas-node.log")
+        proc = work / "proc"
+        proc.mkdir()
+        metrics_port = realk8s.free_port()
+        usage = ["--proc-root", str(proc), "--usage-interval", "1", "--overuse-grace", "1"]
+        usage += ["--overuse-policy", "evict", "--metrics-port", str(metrics_port)]
+        agent = realnode.GasNode(
+            node,
+            agent_kubeconfig,
+            sysfs,
+            devfs,
+            work / "gas-node.log",
+            [*usage, "--metrics-host", "127.0.0.1"],
+            deployed_capabilities("deploy/base/node-daemonset.yaml"),
+        )
         stack.callback(agent.stop)
         gas = GasProcess(
             ["--kubeConfig", plane.admin_kubeconfig], work / "gas-serve.log", tls_files
@@ -106,7 +134,12 @@ def rig(tmp_path_factory: pytest.TempPathFactory, tls_files: TLSFiles) -> Iterat
         stack.callback(gas.stop)
         gas.wait_ready()
         plane.start_scheduler(_scheduler_configuration(gas.port, tls_files))
-        yield Rig(plane, node, agent, gas, client.CoreV1Api(plane.client()))
+        # Only the disruption controller: PodDisruptionBudgets' status, which the Eviction
+        # API reads.
+        plane.start_controller_manager(controllers="disruption")
+        yield Rig(
+            plane, node, agent, gas, client.CoreV1Api(plane.client()), proc, sysfs, metrics_port
+        )
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -166,11 +199,11 @@ def create(rig: Rig) -> Iterator[Create]:
     the test's pods are deleted after it, and gone (their cards free) before the next."""
     made: list[str] = []
 
-    def make(name: str, *containers: dict[str, Any]) -> None:
+    def make(name: str, *containers: dict[str, Any], labels: dict[str, str] | None = None) -> None:
         body = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name, "namespace": NAMESPACE},
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels or {}},
             "spec": {"containers": list(containers), "terminationGracePeriodSeconds": 1},
         }
         rig.core.create_namespaced_pod(NAMESPACE, body)
@@ -178,7 +211,8 @@ def create(rig: Rig) -> Iterator[Create]:
 
     yield make
     for name in made:
-        rig.core.delete_namespaced_pod(name, NAMESPACE)
+        with contextlib.suppress(client.ApiException):  # evicted by the test
+            rig.core.delete_namespaced_pod(name, NAMESPACE)
     path = f"/api/v1/namespaces/{NAMESPACE}/pods"
     wait_for(lambda: not rig.plane.request("GET", path)[1]["items"], 60, "the pods deleted")
 
@@ -324,3 +358,140 @@ def test_devices_hold_through_a_kubelet_restart_and_a_gas_node_restart(
     for name in ("before", "after-kubelet", "after-agent"):
         statuses = _pod(rig, name)["status"]["containerStatuses"]
         assert [s["restartCount"] for s in statuses] == [0], name
+
+
+# ------------------------------------------------------------------- GPU use (shares kept)
+
+
+def _holds(rig: Rig, pid: int, card: FakeCard, memory: int) -> None:
+    """gas node's proc root shows process `pid` holding `memory` bytes of `card`: its
+    cgroup the real one (a link to the host's /proc/<pid>/cgroup), a DRM fd on the card's
+    render node with the i915 fdinfo the kernel would print, and stdio."""
+    # Made aside and moved in at once: the agent never reads half a process.
+    base = rig.proc / f".{pid}"
+    (base / "fd").mkdir(parents=True)
+    (base / "fdinfo").mkdir()
+    fds = {**other_fds(3), 3: drm_fd(i915_fdinfo(pid, card.pci_address, local=memory))}
+    for number, fd in fds.items():
+        target = fd.target.replace("renderD128", card.render_node or "")
+        os.symlink(target, base / "fd" / str(number))
+        if fd.fdinfo is not None:
+            (base / "fdinfo" / str(number)).write_text(fd.fdinfo)
+    (base / "environ").write_bytes(b"")
+    (base / "cgroup").symlink_to(f"/proc/{pid}/cgroup")
+    base.rename(rig.proc / str(pid))
+
+
+def _usage(rig: Rig) -> dict[tuple[str, str], dict[str, Any]]:
+    """gas node's latest `/usage`: (pod, container) -> its entry."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{rig.metrics_port}/usage", timeout=5) as got:
+        body = json.loads(got.read())
+    return {(c["pod"], c["container"]): c for c in body["containers"]}
+
+
+def _events(rig: Rig, pod: str) -> list[str]:
+    path = f"/api/v1/namespaces/{NAMESPACE}/events?fieldSelector=involvedObject.name%3D{pod}"
+    status, listed = rig.plane.request("GET", path)
+    assert status == 200, listed
+    return [e["message"] for e in listed["items"] if e["reason"] == "GPUShareExceeded"]
+
+
+def _card_of(pod: dict[str, Any]) -> FakeCard:
+    (segment,) = parse_cards(pod["metadata"]["annotations"][ANNOTATION_CARDS], 1)
+    (card,) = segment
+    return next(c for c in CARDS if f"card{c.number}" == card)
+
+
+def test_real_containers_use_beside_their_share_and_the_over_user_evicted_past_its_budget(
+    rig: Rig, create: Create
+) -> None:
+    _wait_published(rig)
+    create("hog", _gpu_container("app", 1, 4), labels={"app": "hog"})
+    create("calm", _gpu_container("app", 1, 4))
+    pods = {name: _wait_running(rig, name) for name in ("hog", "calm")}
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "hog", "namespace": NAMESPACE},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "hog"}}},
+    }
+    budgets = f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets"
+    status, made = rig.plane.request("POST", budgets, budget)
+    assert status == 201, made
+
+    def counted() -> bool:
+        status = rig.plane.request("GET", f"{budgets}/hog")[1].get("status") or {}
+        return status.get("observedGeneration") == 1 and status.get("expectedPods") == 1
+
+    wait_for(counted, 60, "the disruption controller to count the hog's budget")
+    pids = {
+        name: rig.node.container_pid(pod["status"]["containerStatuses"][0]["containerID"])
+        for name, pod in pods.items()
+    }
+    hog_card = _card_of(pods["hog"])
+    try:
+        # The hog holds 12 GiB of its card against a 4 GiB share; a host process (this
+        # test's) 6 GiB more: the card is contended. calm holds 1 GiB of its 4.
+        _holds(rig, pids["hog"], hog_card, 12 * GIB)
+        _holds(rig, pids["calm"], _card_of(pods["calm"]), 1 * GIB)
+        _holds(rig, os.getpid(), hog_card, 6 * GIB)
+        seen = wait_for(lambda: (found := _usage(rig)) and len(found) == 2 and found, 30, "both")
+        hog, calm = seen["hog", "app"], seen["calm", "app"]
+        assert (hog["namespace"], hog["card"]) == (NAMESPACE, f"card{hog_card.number}")
+        assert (hog["memoryBytes"], hog["memoryShareBytes"]) == (12 * GIB, 4 * GIB)
+        assert (calm["memoryBytes"], calm["memoryShareBytes"]) == (1 * GIB, 4 * GIB)
+        assert hog["millicoresShare"] == calm["millicoresShare"] == 0  # none asked for
+
+        # The budget allows no disruption: the Eviction API refuses, the hog stays, and
+        # its Event says why.
+        refused = wait_for(
+            lambda: [m for m in _events(rig, "hog") if "Eviction API refused" in m],
+            60,
+            "the refused eviction's Event",
+        )
+        assert "disruption budget" in refused[0], refused
+        assert "is the most over its share there" in refused[0]
+        assert _pod(rig, "hog")["metadata"].get("deletionTimestamp") is None
+
+        # gas top on the same tree names each real container by its real cgroup.
+        trees = ["--proc-root", str(rig.proc), "--sysfs-root", str(rig.sysfs)]
+        top = subprocess.run(
+            [sys.executable, "-m", "gas.cli", "top", *trees, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        report = json.loads(top.stdout)
+        by_uid = {
+            pod["podUID"]: (card["card"], pod["containers"])
+            for card in report["cards"]
+            for pod in card["pods"]
+        }
+        for name, pod in pods.items():
+            card, (container,) = by_uid[pod["metadata"]["uid"]]
+            container_id = pod["status"]["containerStatuses"][0]["containerID"]
+            assert container["containerID"] == container_id.removeprefix("containerd://")
+            assert container["pids"] == [pids[name]]
+            assert card == f"card{_card_of(pod).number}"
+        (hog_entry,) = [c for c in report["cards"] if c["card"] == f"card{hog_card.number}"]
+        assert hog_entry["other"]["pids"] == [os.getpid()]
+        assert hog_entry["other"]["memoryBytes"] == 6 * GIB
+
+        # The budget gone, the next try evicts the hog: calm, within its share, stays.
+        status, _ = rig.plane.request("DELETE", f"{budgets}/hog")
+        assert status == 200
+        wait_for(
+            lambda: (
+                rig.plane.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/hog")[0] == 404
+                or _pod(rig, "hog")["metadata"].get("deletionTimestamp")
+            ),
+            60,
+            "the hog evicted",
+        )
+        assert any(m.startswith("evicted through the Eviction API") for m in _events(rig, "hog"))
+        assert _pod(rig, "calm")["metadata"].get("deletionTimestamp") is None
+        assert not _events(rig, "calm")
+    finally:
+        for pid in (*pids.values(), os.getpid()):
+            shutil.rmtree(rig.proc / str(pid), ignore_errors=True)

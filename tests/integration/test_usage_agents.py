@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,20 @@ def usage_of(port: int) -> dict[str, Any]:
     return found
 
 
+def both_seen(port: int, log: Callable[[], str]) -> dict[str, dict[str, Any]]:
+    """Pod -> its container's entry, once the agent's `/usage` shows both pods' containers;
+    the agent's log when it does not in time."""
+
+    def both() -> list[dict[str, Any]] | None:
+        found: list[dict[str, Any]] = usage_of(port)["containers"]
+        return found if len(found) == 2 else None
+
+    try:
+        return {c["pod"]: c for c in wait_for(both, 30, "both containers' use")}
+    except TimeoutError as exc:
+        raise AssertionError(log()) from exc
+
+
 def metrics_of(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
         text: str = answer.read().decode()
@@ -136,15 +150,7 @@ def test_gas_node_reads_use_beside_the_pods_share_and_evicts_the_over_user(
     node_rig: tuple[NodeRig, int], apiserver: ApiServerDouble
 ) -> None:
     rig, port = node_rig
-
-    def both() -> list[dict[str, Any]] | None:
-        found = usage_of(port)["containers"]
-        return found if len(found) == 2 else None
-
-    try:
-        seen = {c["pod"]: c for c in wait_for(both, 30, "both containers' use")}
-    except TimeoutError as exc:
-        raise AssertionError(rig.agent.log()) from exc
+    seen = both_seen(port, rig.agent.log)
     assert seen["hog"]["memoryBytes"] == 12 * GIB  # two workers, one client: once
     assert seen["hog"]["memoryShareBytes"] == 4 * GIB
     assert seen["calm"]["memoryBytes"] == 6 * GIB
@@ -212,15 +218,7 @@ def test_gas_dra_reads_use_beside_the_share_in_the_containers_environment(
 ) -> None:
     rig, port = dra_rig
     rig.start_registered()
-
-    def both() -> list[dict[str, Any]] | None:
-        found = usage_of(port)["containers"]
-        return found if len(found) == 2 else None
-
-    try:
-        seen = {c["pod"]: c for c in wait_for(both, 30, "both containers' use")}
-    except TimeoutError as exc:
-        raise AssertionError(rig.log()) from exc
+    seen = both_seen(port, rig.log)
     assert (seen["hog"]["memoryBytes"], seen["hog"]["memoryShareBytes"]) == (12 * GIB, 4 * GIB)
     assert seen["hog"]["millicoresShare"] == 250
     assert (seen["calm"]["memoryBytes"], seen["calm"]["memoryShareBytes"]) == (6 * GIB, 8 * GIB)
@@ -264,10 +262,7 @@ def test_inspect_shows_use_beside_share_through_the_agents_pod_proxy(
     apiserver.add_pod(agent_pod("gas-dra-n1", "n1", port))
     # An agent whose port answers nothing: its node's use is left out, and said so.
     apiserver.add_pod(agent_pod("gas-dra-n2", "n2", free_port()))
-    try:
-        wait_for(lambda: len(usage_of(port)["containers"]) == 2, 30, "both containers' use")
-    except TimeoutError as exc:
-        raise AssertionError(rig.log()) from exc
+    both_seen(port, rig.log)
     capsys.readouterr()
     main(["inspect", "--kubeConfig", kubeconfig])
     out = capsys.readouterr().out

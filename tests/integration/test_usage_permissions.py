@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.support.apiserver import ApiServerDouble
+from tests.support.capabilities import deployed_capabilities
 from tests.support.fakesysfs import FakeCard, write_sysfs
 from tests.support.nodeproc import NodeRig
 from tests.support.polling import wait_for
@@ -49,19 +49,6 @@ DENIED = "whose open files could not be listed (permission denied)"
 READ_BUT_NO_STATS = "DRM fd(s) print no usage stats"
 NO_CAPABILITIES = ["setpriv", "--bounding-set", "-all", "--inh-caps", "-all", "--"]
 NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "--"]
-
-
-def deployed_capabilities(manifest: str) -> list[str]:
-    """setpriv for root holding only the capabilities `manifest`'s agent container adds
-    (every other dropped, as the manifest drops ALL)."""
-    for document in yaml.safe_load_all((ROOT / manifest).read_text()):
-        if document and document["kind"] == "DaemonSet":
-            (container,) = document["spec"]["template"]["spec"]["containers"]
-            capabilities = container["securityContext"]["capabilities"]
-            assert capabilities["drop"] == ["ALL"]
-            kept = ",".join(f"+{name.lower()}" for name in capabilities["add"])
-            return ["setpriv", "--bounding-set", f"-all,{kept}", "--inh-caps", "-all", "--"]
-    raise AssertionError(f"no DaemonSet in {manifest}")
 
 
 @pytest.fixture(scope="module")

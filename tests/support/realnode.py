@@ -44,7 +44,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -862,11 +862,20 @@ class GasNode:
     `devfs`. `restart()` stops it (SIGTERM) and starts it again."""
 
     def __init__(
-        self, node: RealNode, kubeconfig: str, sysfs: Path, devfs: Path, log_path: Path
+        self,
+        node: RealNode,
+        kubeconfig: str,
+        sysfs: Path,
+        devfs: Path,
+        log_path: Path,
+        extra: Sequence[str] = (),
+        prefix: Sequence[str] = (),
     ) -> None:
         self.node = node
         self.log_path = log_path
+        # `prefix`: what it runs under (setpriv, holding a deployment's capabilities).
         self.command = [
+            *prefix,
             sys.executable,
             "-m",
             "gas.cli",
@@ -887,6 +896,7 @@ class GasNode:
             "0",
             "--rescan",
             "1",
+            *extra,
         ]
         self.process: realk8s.Process | None = None
         self.start()
