@@ -53,9 +53,7 @@ class Seen:
     engines: Mapping[str, float]
 
 
-def fresh_notes(
-    said: frozenset[str], notes: Iterable[str]
-) -> tuple[list[str], frozenset[str]]:
+def fresh_notes(said: frozenset[str], notes: Iterable[str]) -> tuple[list[str], frozenset[str]]:
     """The notes not said in the last round, and what is said now. A note is told from
     another by its words, not its counts: "3 process(es) ... permission denied" in one
     round and "4 process(es)" in the next is one thing, said once until it goes away."""
