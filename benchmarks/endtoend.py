@@ -19,7 +19,13 @@ shipped configurations register it: filter, preempt and bind (`--prioritize` add
 with the prioritize verb too, as binpack and spread need). Once the scheduler has bound a
 warm-up pod, a burst of P pending GPU pods of mixed shapes is created from a few threads
 on kept-alive connections; a watch notes when each pod is bound. Rounds alternate (alone,
-gas, alone, gas, ...), so a noisy machine weighs on both alike.
+no-op, gas, alone, no-op, gas, ...), so a noisy machine weighs on all alike.
+
+The no-op rounds (`benchmarks.noopext`, when ../shared/tools/noopext is there; `--no-noop`
+leaves them out) put the cheapest extender there can be in gas's place: the same TLS, the
+same registration but for the paths, the same pods and nodes. They show the extender way's
+ceiling on the machine, and gas / no-op how near gas comes to it (each gas round against
+the no-op round of its turn); the extender CPU of those rounds is the no-op's.
 
 Per round: pods bound per second (from the first create to the last bind), create -> bound
 latency p50/p99, gas's CPU time per bound pod split by thread (from
@@ -60,7 +66,9 @@ from typing import Any
 
 import orjson
 
+from benchmarks import noopext
 from benchmarks.harness import percentile
+from benchmarks.noopext import NoopExtender
 from benchmarks.workload import (
     CARD_MEMORY_GI,
     CARD_MILLICORES,
@@ -86,12 +94,15 @@ SCHEDULER_QPS = 5000
 
 SETUPS = {
     "alone": "kube-scheduler alone",
+    "noop": "kube-scheduler + no-op extender",
     "gas": "kube-scheduler + gas",
     "baseline": "kube-scheduler + baseline gas",
     "prioritize": "kube-scheduler + gas, with prioritize",
 }
 GAS_MODES = ("gas", "baseline", "prioritize")
 """The setups with a `gas serve` as kube-scheduler's extender."""
+NOOP = "noop"
+"""The setup with the no-op extender in gas's place (`benchmarks.noopext`)."""
 
 
 # ---------------------------------------------------------------- the API server, raw
@@ -435,7 +446,9 @@ class Watch(threading.Thread):
         self._conn.close()
 
 
-def scheduler_config(gas_port: int | None, tls: TLSFiles, prioritize: bool = False) -> str:
+def scheduler_config(
+    gas_port: int | None, tls: TLSFiles, prioritize: bool = False, noop: bool = False
+) -> str:
     config: dict[str, Any] = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
@@ -448,6 +461,11 @@ def scheduler_config(gas_port: int | None, tls: TLSFiles, prioritize: bool = Fal
         if not prioritize:
             # As shipped: under first fit every score is 0, and the call changes nothing.
             del extender["prioritizeVerb"], extender["weight"]
+        if noop:
+            # The same registration but for the paths: the no-op serves /filter and /bind
+            # (and no preempt, which none of these bursts needs: every pod fits).
+            extender["urlPrefix"] = f"https://127.0.0.1:{gas_port}"
+            del extender["preemptVerb"]
         config["extenders"] = [extender]
     return json.dumps(config)
 
@@ -485,22 +503,31 @@ class Bench:
         name = f"r{self.rounds}-{mode}"
         result = Round(mode, name, self.pods)
         gas: GasProcess | None = None
+        noop: NoopExtender | None = None
         scheduler: realk8s.Process | None = None
         try:
             if mode in GAS_MODES:
                 gas = self._start_gas(name, self.baseline if mode == "baseline" else None)
+            if mode == NOOP:
+                noop = NoopExtender(
+                    self.plane.admin_kubeconfig, self.tls, self.workdir / f"noopext-{name}.log"
+                )
+                noop.wait_ready()
+            port = gas.port if gas else noop.port if noop else None
             scheduler = self.plane.start_scheduler(
-                scheduler_config(gas.port if gas else None, self.tls, mode == "prioritize"),
+                scheduler_config(port, self.tls, mode == "prioritize", noop is not None),
                 name=f"scheduler-{name}",
             )
             self._warm_up(name)
-            self._burst(result, name, gas, scheduler)
+            self._burst(result, name, gas, scheduler, noop)
         finally:
             if scheduler is not None:
                 scheduler.stop()
                 self.plane.processes.remove(scheduler)
             if gas is not None:
                 gas.stop(signal.SIGTERM)
+            if noop is not None:
+                noop.stop()
         self._check(result, name)
         self._clean(name)
         return result
@@ -557,6 +584,7 @@ class Bench:
         name: str,
         gas: GasProcess | None,
         scheduler: realk8s.Process,
+        noop: NoopExtender | None = None,
     ) -> None:
         pods = self.burst(name)
         bodies = [orjson.dumps(pod) for pod, _ in pods]
@@ -566,6 +594,8 @@ class Bench:
         worker = None
         if gas is not None:
             (worker,) = child_pids(gas.process.pid)
+        elif noop is not None:
+            worker = noop.pid
         apiserver = self.plane.apiserver
         assert apiserver is not None
         created: dict[str, float] = {}
@@ -590,11 +620,13 @@ class Bench:
         ]
         # Read before the CPU clock starts: the metrics' exposition is not the burst's work.
         requests_before, connections_before = gas_counts(gas) if gas else ({}, float("nan"))
-        recorders = self._profiler(worker, name) if worker else []
+        if noop is not None:
+            requests_before = {verb: float(n) for verb, n in noop.counts().items()}
+        recorders = self._profiler(worker, name) if gas is not None and worker else []
         recorders += self._perf(
             name,
             {"scheduler": scheduler.pid, "apiserver": apiserver.pid}
-            | ({"gas": worker} if worker else {}),
+            | ({"noop" if noop is not None else "gas": worker} if worker else {}),
         )
         if recorders:
             time.sleep(1)  # attached before the burst
@@ -633,6 +665,9 @@ class Bench:
                     break
                 time.sleep(0.05)
             result.connections = connections_after - connections_before
+        if noop is not None:
+            counted = noop.counts()
+            result.requests = {v: n - requests_before.get(v, 0) for v, n in counted.items()}
         scheduler_after = process_ticks(scheduler.pid)
         apiserver_after = process_ticks(apiserver.pid)
         machine_after = machine_ticks()
@@ -640,7 +675,7 @@ class Bench:
             recorder.send_signal(signal.SIGINT)
         for recorder in recorders:
             recorder.wait(timeout=120)
-        names = thread_names(worker) if worker else {}
+        names = thread_names(worker) if gas is not None and worker else {}
         watch.stop()
         watch.join(timeout=10)
 
@@ -658,10 +693,11 @@ class Bench:
             groups: dict[str, float] = {}
             for tid, ticks in gas_after.items():
                 spent = (ticks - gas_before.get(tid, 0)) * tick_ms
-                group = thread_group(tid, worker, names)
+                # The no-op's goroutines move between its threads: one figure.
+                group = NOOP if noop is not None else thread_group(tid, worker, names)
                 groups[group] = groups.get(group, 0.0) + spent
             result.gas_cpu_ms = groups
-        if result.mode == "alone":
+        if result.mode in ("alone", NOOP):
             cards = Cards.of(self.nodes, self.running)
             shapes = {pod["metadata"]["name"]: shape for pod, shape in pods}
             for pod_name, (_, node) in sorted(bound.items(), key=lambda item: item[1][0]):
@@ -729,8 +765,8 @@ def rounds_table(rounds: Sequence[Round]) -> list[str]:
         "created in s",
         "p50 s",
         "p99 s",
-        "gas CPU ms/pod",
-        *[f"{g} ms/pod" for g in groups],
+        "extender CPU ms/pod",
+        *[f"{g} ms/pod" for g in groups if g != NOOP],
         "scheduler CPU ms/pod",
         "apiserver CPU ms/pod",
         "machine CPU ms/pod",
@@ -750,13 +786,17 @@ def rounds_table(rounds: Sequence[Round]) -> list[str]:
             fmt(r.p50_s, 2),
             fmt(r.p99_s, 2),
             fmt(r.gas_ms_per_pod(), 2),
-            *[fmt(r.gas_ms_per_pod(g), 2) for g in groups],
+            *[
+                "n/a" if r.mode == NOOP else fmt(r.gas_ms_per_pod(g), 2)
+                for g in groups
+                if g != NOOP
+            ],
             fmt(r.scheduler_cpu_ms / per_pod, 2),
             fmt(r.apiserver_cpu_ms / per_pod, 2),
             fmt(r.machine_cpu_ms / per_pod, 2),
             fmt(r.steal_ms / per_pod, 2),
-            str(r.no_card_fits) if r.mode == "alone" else "n/a",
-            str(len(r.over_commit)) if r.mode != "alone" else "n/a",
+            str(r.no_card_fits) if r.mode in ("alone", NOOP) else "n/a",
+            str(len(r.over_commit)) if r.mode in GAS_MODES else "n/a",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -778,6 +818,18 @@ def summary(rounds: Sequence[Round]) -> dict[str, float]:
         "p99_ratio": median("gas", "p99_s") / median("alone", "p99_s"),
         "gas_cpu_ms_per_pod": statistics.median(gas_cpu) if gas_cpu else float("nan"),
     }
+    noop = [r for r in rounds if r.mode == NOOP]
+    if noop:
+        with_noop = median(NOOP, "pods_per_s")
+        figures["noop_pods_per_s"] = with_noop
+        figures["noop_p99_s"] = median(NOOP, "p99_s")
+        figures["noop_cpu_ms_per_pod"] = statistics.median(r.gas_ms_per_pod() for r in noop)
+        figures["noop_ratio"] = with_noop / alone if alone else float("nan")
+        # Each gas round against the no-op round of its turn: a busy spell of the machine
+        # weighs on both alike.
+        gas_rounds = [r for r in rounds if r.mode == "gas"]
+        pairs = [g.pods_per_s / n.pods_per_s for g, n in zip(gas_rounds, noop, strict=False)]
+        figures["gas_noop_ratio"] = statistics.median(pairs) if pairs else float("nan")
     for mode in ("baseline", "prioritize"):
         cpu = [r.gas_ms_per_pod() for r in rounds if r.mode == mode]
         if cpu:
@@ -797,6 +849,14 @@ def summary_table(figures: dict[str, float]) -> list[str]:
         f"| p99 create -> bound, gas / alone | {fmt(figures['p99_ratio'], 2)} | <= 1.5 |",
         f"| gas CPU ms per bound pod | {fmt(figures['gas_cpu_ms_per_pod'], 2)} | <= 1.2 |",
     ]
+    if "noop_pods_per_s" in figures:
+        lines += [
+            f"| pods/s, {SETUPS[NOOP]} | {fmt(figures['noop_pods_per_s'], 0)} | |",
+            f"| no-op / alone, pods/s | {fmt(figures['noop_ratio'], 2)} | |",
+            f"| gas / no-op, pods/s (median of the rounds' pairs) "
+            f"| {fmt(figures['gas_noop_ratio'], 2)} | >= 0.95 |",
+            f"| no-op CPU ms per bound pod | {fmt(figures['noop_cpu_ms_per_pod'], 2)} | |",
+        ]
     for mode in ("baseline", "prioritize"):
         if f"{mode}_pods_per_s" in figures:
             lines += [
@@ -888,7 +948,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--settle", type=float, default=10.0, help="seconds without a bind that end a round"
     )
-    parser.add_argument("--only", choices=("alone", "gas"), help="run one setup only")
+    parser.add_argument("--only", choices=("alone", NOOP, "gas"), help="run one setup only")
+    parser.add_argument(
+        "--no-noop",
+        dest="noop",
+        action="store_false",
+        help="leave out the no-op extender's rounds (run when ../shared/tools/noopext is there)",
+    )
     parser.add_argument(
         "--prioritize",
         action="store_true",
@@ -932,6 +998,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     cluster = make_cluster(args.nodes, args.occupancy)
     modes = [args.only] if args.only else ["alone", "gas"]
+    if not args.only and args.noop:
+        reason = noopext.missing()
+        if reason is None:
+            modes.insert(1, NOOP)
+        else:
+            print(f"no no-op extender rounds: {reason}")
     if args.baseline:
         modes.append("baseline")
     if args.prioritize:

@@ -19,7 +19,7 @@ def test_quick_run_schedules_every_pod_alone_and_with_gas(
     )
     assert report["kubernetes"] == k8s.version
     rounds = {r["mode"]: r for r in report["rounds"]}
-    assert set(rounds) == {"alone", "gas"}, stdout
+    assert set(rounds) == {"alone", "noop", "gas"}, stdout
     for mode, result in rounds.items():
         # Quick size: 20 nodes at half their GPU memory hold 30 more pods with room to spare.
         assert result["bound"] == result["pods"] == 30, (mode, stdout)
@@ -37,6 +37,11 @@ def test_quick_run_schedules_every_pod_alone_and_with_gas(
         assert result["machine_cpu_ms"] >= result["scheduler_cpu_ms"] + result["apiserver_cpu_ms"]
         assert 0 <= result["steal_ms"] <= result["machine_cpu_ms"]
     assert rounds["alone"]["gas_cpu_ms"] == {}
+    # The no-op extender in gas's place: it filtered and bound every pod, its CPU read.
+    noop = rounds["noop"]
+    assert noop["requests"]["filter"] >= 30 and noop["requests"]["bind"] >= 30, noop
+    assert noop["requests"]["bindErrors"] == 0
+    assert set(noop["gas_cpu_ms"]) == {"noop"} and noop["gas_cpu_ms"]["noop"] > 0
     # The connections gas accepted during the burst, from its metrics: kube-scheduler's
     # HTTP/2 connection opened with the warm-up pod, so few or none.
     assert 0 <= with_gas["connections"] < with_gas["bound"]
@@ -44,3 +49,5 @@ def test_quick_run_schedules_every_pod_alone_and_with_gas(
     summary = report["summary"]
     assert summary["throughput_ratio"] > 0
     assert "| gas / alone, pods/s |" in stdout
+    assert summary["gas_noop_ratio"] > 0 and summary["noop_pods_per_s"] > 0
+    assert "| gas / no-op, pods/s (median of the rounds' pairs) |" in stdout

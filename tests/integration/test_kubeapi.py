@@ -262,8 +262,8 @@ def test_an_argument_gas_does_not_pass_is_refused_before_any_request(
     quietly send a different request."""
     api: Any = RawCoreV1Api(api_client)
     apiserver.clear_requests()
-    with pytest.raises(TypeError, match="label_selector"):
-        api.list_node(label_selector="a=b")
+    with pytest.raises(TypeError, match="resource_version_match"):
+        api.list_node(resource_version_match="NotOlderThan")
     with pytest.raises(TypeError, match="_preload_content"):
         api.patch_node("n1", {}, _preload_content=False)
     assert apiserver.requests == []
