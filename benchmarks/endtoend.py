@@ -283,6 +283,13 @@ def process_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
+def system_ticks(pid: int) -> int:
+    """stime of all of `pid`'s threads: the kernel's part of its CPU (its socket reads and
+    writes, and on the loopback the delivery to the peer they set off)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[12])
+
+
 _PYSPY_THREAD = re.compile(r'^Thread (0x[0-9A-Fa-f]+|\d+) \([^)]*\): "([^"]*)"', re.MULTILINE)
 
 
@@ -356,6 +363,8 @@ class Round:
     create_s: float = float("nan")
     latencies_s: list[float] = field(default_factory=list)
     gas_cpu_ms: dict[str, float] = field(default_factory=dict)
+    extender_system_ms: float = float("nan")
+    """Of the extender's CPU, the kernel's (`system_ticks`)."""
     scheduler_cpu_ms: float = float("nan")
     apiserver_cpu_ms: float = float("nan")
     machine_cpu_ms: float = float("nan")
@@ -631,6 +640,7 @@ class Bench:
         if recorders:
             time.sleep(1)  # attached before the burst
         gas_before = thread_ticks(worker) if worker else {}
+        system_before = system_ticks(worker) if worker else 0
         scheduler_before = process_ticks(scheduler.pid)
         apiserver_before = process_ticks(apiserver.pid)
         machine_before = machine_ticks()
@@ -652,6 +662,7 @@ class Bench:
                 if len(watch.bound) == seen:
                     break
         gas_after = thread_ticks(worker) if worker else {}
+        system_after = system_ticks(worker) if worker else 0
         if gas is not None:
             # A Binding is seen by the watch before gas's bind handler returns and counts
             # itself: read the counts again until every bound pod's bind is in them.
@@ -690,6 +701,7 @@ class Bench:
         result.machine_cpu_ms = (machine_after[0] - machine_before[0]) * tick_ms
         result.steal_ms = (machine_after[1] - machine_before[1]) * tick_ms
         if worker:
+            result.extender_system_ms = (system_after - system_before) * tick_ms
             groups: dict[str, float] = {}
             for tid, ticks in gas_after.items():
                 spent = (ticks - gas_before.get(tid, 0)) * tick_ms
@@ -766,6 +778,7 @@ def rounds_table(rounds: Sequence[Round]) -> list[str]:
         "p50 s",
         "p99 s",
         "extender CPU ms/pod",
+        "of it system ms/pod",
         *[f"{g} ms/pod" for g in groups if g != NOOP],
         "scheduler CPU ms/pod",
         "apiserver CPU ms/pod",
@@ -786,6 +799,7 @@ def rounds_table(rounds: Sequence[Round]) -> list[str]:
             fmt(r.p50_s, 2),
             fmt(r.p99_s, 2),
             fmt(r.gas_ms_per_pod(), 2),
+            fmt(r.extender_system_ms / per_pod, 2),
             *[
                 "n/a" if r.mode == NOOP else fmt(r.gas_ms_per_pod(g), 2)
                 for g in groups
