@@ -8,6 +8,7 @@ into a containers.conf of the session's own, never into the image."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -127,8 +128,37 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
 
 
 @pytest.fixture(scope="session")
-def image(engine: Engine) -> str:
-    """gas:<version>, built by scripts/build-image.sh with the engine's own tool."""
+def image(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """gas:<version>, built by scripts/build-image.sh with the engine's own tool, once per
+    run: under pytest-xdist each worker has a session of its own, and the workers that need
+    the image wait for the one that builds it (two builds at once took as long each as one
+    alone, on two cores)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        return _built(engine)
+    shared = tmp_path_factory.getbasetemp().parent  # the workers' common directory
+    with open(shared / f"image-{run}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        outcome = shared / f"image-{run}.outcome"
+        if outcome.exists():
+            kind, _, text = outcome.read_text().partition(" ")
+            if kind == "skip":
+                pytest.skip(text)
+            assert kind == "built", f"another worker's scripts/build-image.sh: {text}"
+            return text
+        try:
+            tag = _built(engine)
+        except pytest.skip.Exception as exc:
+            outcome.write_text(f"skip {exc.msg}")
+            raise
+        except BaseException as exc:
+            outcome.write_text(f"failed {exc}")
+            raise
+        outcome.write_text(f"built {tag}")
+        return tag
+
+
+def _built(engine: Engine) -> str:
     env = dict(engine.env, GAS_IMAGE_TOOL=engine.tool)
     try:
         result = subprocess.run(

@@ -57,6 +57,10 @@ RESOURCES = (I915, MEMORY, MILLICORES, TILES)
 SHORT = {I915: "i915", MEMORY: "memory.max", MILLICORES: "millicores", TILES: "tiles"}
 
 EXAMPLES = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# For a test whose every example is a sequence of many steps (each step a case of its own).
+STEP_EXAMPLES = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 def search_alone(
@@ -360,7 +364,7 @@ operations = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@STEP_EXAMPLES
 @given(data=st.data())
 def test_ledger_answers_match_the_search(data: st.DataObject) -> None:
     policy = data.draw(policies)
@@ -470,7 +474,7 @@ class StandInBook:
         return self.used_tiles
 
 
-@EXAMPLES
+@STEP_EXAMPLES
 @given(data=st.data())
 def test_idle_answer_remembered_per_kind(data: st.DataObject) -> None:
     """Nodes of a few kinds, each kind under several names (and as equal but distinct
@@ -492,11 +496,19 @@ def test_idle_answer_remembered_per_kind(data: st.DataObject) -> None:
     all_cards = tuple(sorted({c for n in fleet for c in n.cards}))
     requests = data.draw(st.lists(requests_for(all_cards), min_size=1, max_size=3))
     cache = AnswerCache(policy)
+    # The loop's strategies made once: a strategy is validated whenever one is first drawn,
+    # which made this test spend most of its time building them again.
+    any_node, any_request = st.sampled_from(fleet), st.sampled_from(requests)
+    per_node = {
+        node.name: (usages(node.cards), st.sets(st.sampled_from(node.cards), max_size=1))
+        for node in fleet
+    }
     for _ in range(data.draw(st.integers(1, 24))):
-        node = data.draw(st.sampled_from(fleet))
-        request = data.draw(st.sampled_from(requests))
-        usage = data.draw(usages(node.cards))
-        blocked = frozenset(data.draw(st.sets(st.sampled_from(node.cards), max_size=1)))
+        node = data.draw(any_node)
+        request = data.draw(any_request)
+        node_usages, node_blocked = per_node[node.name]
+        usage = data.draw(node_usages)
+        blocked = frozenset(data.draw(node_blocked))
         book = StandInBook(usage, dict.fromkeys(blocked, 1))
         cache.invalidate(node.name)  # its book is a new one, as after a bind
         answers = cache.answers(request_shape(request))
