@@ -65,6 +65,8 @@ setup(
             # The HTTP/2 client of the tests (tests/support/h2client.py, test_h2protocol).
             "h2>=4.1,<5",
             "hypothesis>=6.100",
+            # benchmarks.endtoend --cpu-profile (benchmarks/cpuprofile).
+            "yappi>=1.6",
             "ruff>=0.6",
             "mypy>=1.10",
             "types-requests",

@@ -7,6 +7,7 @@
     .venv/bin/python -m benchmarks.endtoend --prioritize    # and gas with prioritize too
     .venv/bin/python -m benchmarks.endtoend --baseline DIR  # and gas from the tree DIR
     .venv/bin/python -m benchmarks.endtoend --profile DIR   # py-spy stacks of gas, per burst
+    .venv/bin/python -m benchmarks.endtoend --cpu-profile DIR  # gas's CPU by function, per burst
     .venv/bin/python -m benchmarks.endtoend --perf DIR      # perf of the three processes, per burst
 
 A real control plane (etcd, kube-apiserver and kube-scheduler of `--kubernetes`, 1.37 unless
@@ -102,6 +103,8 @@ SETUPS = {
 GAS_MODES = ("gas", "baseline", "prioritize")
 """The setups with a `gas serve` as kube-scheduler's extender."""
 NOOP = "noop"
+# Put first on gas's PYTHONPATH under --cpu-profile: its sitecustomize profiles the worker.
+CPU_PROFILER = Path(__file__).resolve().parent / "cpuprofile"
 """The setup with the no-op extender in gas's place (`benchmarks.noopext`)."""
 
 
@@ -492,6 +495,7 @@ class Bench:
         profile: Path | None = None,
         baseline: str | None = None,
         perf: Path | None = None,
+        cpu_profile: Path | None = None,
     ) -> None:
         self.plane = plane
         self.api = Api(plane)
@@ -503,6 +507,7 @@ class Bench:
         self.settle_s = settle_s
         self.profile = profile
         self.perf = perf
+        self.cpu_profile = cpu_profile
         self.baseline = baseline
         self.gas_args = list(gas_args)
         self.rounds = 0
@@ -555,6 +560,12 @@ class Bench:
             # `python -m` puts the working directory (this tree) first on sys.path, ahead
             # of PYTHONPATH: without this the baseline rounds ran this tree's gas.
             os.environ["PYTHONSAFEPATH"] = "1"
+        if self.cpu_profile is not None:
+            self.cpu_profile.mkdir(parents=True, exist_ok=True)
+            os.environ["GAS_BENCH_CPU_PROFILE"] = str(self.cpu_profile.resolve())
+            os.environ["PYTHONPATH"] = os.pathsep.join(
+                [str(CPU_PROFILER), *filter(None, [os.environ.get("PYTHONPATH")])]
+            )
         try:
             gas = GasProcess(
                 ["--kubeConfig", self.plane.admin_kubeconfig, *self.gas_args],
@@ -562,8 +573,10 @@ class Bench:
                 self.tls,
             )
         finally:
+            os.environ.pop("GAS_BENCH_CPU_PROFILE", None)
             if source is not None:
                 del os.environ["PYTHONSAFEPATH"]
+            if source is not None or self.cpu_profile is not None:
                 if previous is None:
                     del os.environ["PYTHONPATH"]
                 else:
@@ -637,7 +650,9 @@ class Bench:
             {"scheduler": scheduler.pid, "apiserver": apiserver.pid}
             | ({"noop" if noop is not None else "gas": worker} if worker else {}),
         )
-        if recorders:
+        if gas is not None and self.cpu_profile is not None:
+            (self.cpu_profile / ".start").write_text(name)
+        if recorders or (gas is not None and self.cpu_profile is not None):
             time.sleep(1)  # attached before the burst
         gas_before = thread_ticks(worker) if worker else {}
         system_before = system_ticks(worker) if worker else 0
@@ -663,6 +678,8 @@ class Bench:
                     break
         gas_after = thread_ticks(worker) if worker else {}
         system_after = system_ticks(worker) if worker else 0
+        if gas is not None and self.cpu_profile is not None:
+            self._cpu_profile_written(name)
         if gas is not None:
             # A Binding is seen by the watch before gas's bind handler returns and counts
             # itself: read the counts again until every bound pod's bind is in them.
@@ -715,6 +732,17 @@ class Bench:
             for pod_name, (_, node) in sorted(bound.items(), key=lambda item: item[1][0]):
                 if not cards.place(node, shapes[pod_name]):
                     result.no_card_fits += 1
+
+    def _cpu_profile_written(self, name: str) -> None:
+        """The burst's CPU profile ended, and waited for (`benchmarks/cpuprofile`)."""
+        assert self.cpu_profile is not None
+        (self.cpu_profile / ".stop").touch()
+        done = self.cpu_profile / f"{name}.done"
+        deadline = time.monotonic() + 120
+        while not done.exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"round {name}: gas wrote no CPU profile in 120 s")
+            time.sleep(0.1)
 
     def _profiler(self, worker: int, name: str) -> list[subprocess.Popen[bytes]]:
         """`py-spy record` of the gas worker over the burst (with --profile), its stacks
@@ -928,6 +956,7 @@ def run_rounds(
             Path(args.profile) if args.profile else None,
             args.baseline,
             Path(args.perf) if args.perf else None,
+            Path(args.cpu_profile) if args.cpu_profile else None,
         )
         for _ in range(args.rounds):
             for mode in modes:
@@ -983,6 +1012,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gasArgs", default="", help="extra `gas serve` flags (one string)")
     parser.add_argument(
         "--profile", help="directory for py-spy stacks of gas over each burst (py-spy on PATH)"
+    )
+    parser.add_argument(
+        "--cpu-profile",
+        help="directory for a CPU-clock profile of gas's worker by function over each burst "
+        "(yappi; benchmarks/cpuprofile)",
     )
     parser.add_argument(
         "--perf",

@@ -14,8 +14,14 @@ from tests.support.benchrun import run_quick
 def test_quick_run_schedules_every_pod_alone_and_with_gas(
     tmp_path: Path, k8s: realk8s.Release
 ) -> None:
+    profiles = tmp_path / "cpu"
     stdout, report = run_quick(
-        "benchmarks.endtoend", tmp_path / "figures.json", "--kubernetes", k8s.version
+        "benchmarks.endtoend",
+        tmp_path / "figures.json",
+        "--kubernetes",
+        k8s.version,
+        "--cpu-profile",
+        str(profiles),
     )
     assert report["kubernetes"] == k8s.version
     rounds = {r["mode"]: r for r in report["rounds"]}
@@ -46,6 +52,15 @@ def test_quick_run_schedules_every_pod_alone_and_with_gas(
     # HTTP/2 connection opened with the warm-up pod, so few or none.
     assert 0 <= with_gas["connections"] < with_gas["bound"]
     assert math.isnan(rounds["alone"]["connections"])
+    # The gas round's CPU profile: its worker's threads by function, the verbs among them
+    # (kube-scheduler's calls during the burst), the benchmark's scrapes after it not.
+    (profile,) = profiles.glob("*-gas.txt")
+    listing = profile.read_text()
+    for function in ("Extender.filter", "Extender.bind", "KubeCluster._pod_event"):
+        assert f"({function})" in listing, listing[:3000]
+    assert "(Metrics.exposition)" not in listing
+    assert "_MainThread" in profile.with_suffix(".threads.txt").read_text()
+    assert profile.with_suffix(".pstat").stat().st_size > 0
     summary = report["summary"]
     assert summary["throughput_ratio"] > 0
     assert "| gas / alone, pods/s |" in stdout
