@@ -231,12 +231,18 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(_go_style(sys.argv[1:] if argv is None else argv))
+    debug = getattr(args, "v", 2) >= 4
+    if args.command == "serve":
+        # gunicorn's line format, and records made lean: serve writes a decision line per
+        # request (gas.serving.logformat).
+        from gas.serving import logformat
+
+        logformat.configure("debug" if debug else "info")
+        return serve(args)
     logging.basicConfig(
-        level=logging.DEBUG if getattr(args, "v", 2) >= 4 else logging.INFO,
+        level=logging.DEBUG if debug else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if args.command == "serve":
-        return serve(args)
     status: int = args.run(args)
     return status
 

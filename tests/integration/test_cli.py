@@ -182,7 +182,7 @@ def test_no_cluster_without_demo_is_a_one_line_error_and_serves_nothing(tmp_path
     assert not _listening(port)
     (error,) = err.splitlines()
     assert error.endswith(
-        "ERROR gas: no cluster to serve: no --kubeConfig or KUBECONFIG, and not in a pod (no "
+        "[ERROR] gas: no cluster to serve: no --kubeConfig or KUBECONFIG, and not in a pod (no "
         "in-cluster configuration); --demo serves the built-in demo cluster"
     ), err
     assert out == ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -106,6 +107,12 @@ def test_decisions_are_logged_as_json_lines(gas: GasProcess, apiserver: ApiServe
         return found
 
     records = wait_for(decisions, what="decision log line")
+    # In gunicorn's line format, as the rest of the process's lines, made by the lean
+    # records of gas.serving.logformat (the command's logging is serve's own).
+    lines = [line for line in gas.log().splitlines() if "gas.decisions" in line]
+    stamp = r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{4}\] \[\d+\] "
+    assert re.match(stamp + r"\[INFO\] gas\.decisions: \{", lines[-1]), lines[-1]
+    assert re.search(stamp + r"\[INFO\] Starting gunicorn", gas.log(), re.MULTILINE)
     assert records[-1] == {
         "decision": "bind",
         "pod": "default/logged",
