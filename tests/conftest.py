@@ -57,42 +57,7 @@ def _timeout_of(item: pytest.Item) -> float:
     return 0.0
 
 
-# Files of a minute or more (scripts/run-tests.sh, `--durations`), longest first. The suite
-# hands whole files to two workers in the order collected (`--no-loadscope-reorder`; by
-# default pytest-xdist sends the files with most tests first, which left these for the
-# end, one worker finishing alone for minutes); many short files after them even out the end.
-LONG_FILES = (
-    "tests/integration/test_reliability.py",
-    "tests/integration/test_dra_realkubelet.py",
-    "tests/image/test_manifests_image.py",
-    "tests/integration/test_install.py",
-    "tests/image/test_image.py",
-    "tests/integration/test_chart_realk8s.py",
-    "tests/integration/test_certs.py",
-    "tests/integration/test_realk8s.py",
-    "tests/integration/test_hostile_peers.py",
-    "tests/integration/test_follow_realk8s.py",
-    "tests/integration/test_any_cluster_realk8s.py",
-    # After the other real node's file has started: the two take turns on the one node.
-    "tests/integration/test_node_realkubelet.py",
-    "tests/integration/test_dra_benchmark.py",
-    "tests/integration/test_endtoend_benchmark.py",
-    "tests/integration/test_node_e2e.py",
-)
-_ROOT = Path(__file__).resolve().parents[1]
-
-
-def _file_rank(item: pytest.Item) -> int:
-    try:
-        path = item.path.relative_to(_ROOT).as_posix()
-    except ValueError:
-        return len(LONG_FILES)
-    return LONG_FILES.index(path) if path in LONG_FILES else len(LONG_FILES)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Stable: each file's tests stay together and in their order.
-    items.sort(key=_file_rank)
     # The folder says the kind: `-m unit` is the quick loop (pure, in-process, seconds).
     for item in items:
         kind = next(
