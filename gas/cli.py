@@ -234,12 +234,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = getattr(args, "v", 2) >= 4
     if args.command == "serve":
         # gunicorn's line format, and records made lean: serve writes a decision line per
-        # request (gas.serving.logformat). A caller that set up logging keeps it, as
-        # basicConfig would.
+        # request (gas.serving.logformat).
         from gas.serving import logformat
 
-        if not logging.getLogger().handlers:
-            logformat.configure("debug" if debug else "info")
+        logformat.ensure("debug" if debug else "info")
         return serve(args)
     logging.basicConfig(
         level=logging.DEBUG if debug else logging.INFO,

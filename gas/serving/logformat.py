@@ -59,3 +59,10 @@ def configure(level: str) -> None:
     root.addHandler(handler)
     root.setLevel(level.upper())
     lean_records()
+
+
+def ensure(level: str) -> None:
+    """`configure(level)` unless the process's logging is already set up (a handler on the
+    root logger): a caller that set it up keeps it, as `logging.basicConfig` would."""
+    if not logging.getLogger().handlers:
+        configure(level)

@@ -359,15 +359,6 @@ def _log_level(value: str) -> str:
     return level
 
 
-def _ensure_logging(log_level: str) -> None:
-    # gunicorn configures only its own loggers. Without any handler, the app's records
-    # below WARNING would be lost; a caller that set up logging keeps its configuration.
-    root = logging.getLogger()
-    if root.handlers:
-        return
-    logformat.configure(log_level)
-
-
 @dataclass(frozen=True, kw_only=True)
 class ServerSettings:
     """How ``serve`` listens and runs; ``build_options`` checks it.
@@ -499,7 +490,9 @@ def serve(app_factory: Callable[[], flask.Flask], settings: ServerSettings) -> N
     ``SystemExit`` also ends the process; do not catch it around this call.
     Raises ``TLSConfigError`` or ``ValueError`` for a bad configuration before listening.
     """
-    _ensure_logging(_log_level(settings.log_level))
+    # gunicorn configures only its own loggers: without a handler the app's records below
+    # WARNING would be lost.
+    logformat.ensure(_log_level(settings.log_level))
     options, plan = _build(settings)
     if settings.unsafe:
         log.warning(

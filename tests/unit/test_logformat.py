@@ -88,3 +88,21 @@ def test_configure_writes_the_format_to_stderr_with_lean_records(
     # No caller, thread or multiprocessing name looked up: the line shows none of them.
     assert captured[0].funcName == "(unknown function)" and captured[0].lineno == 0
     assert captured[0].threadName is None and captured[0].processName is None
+
+
+def test_ensure_leaves_logging_someone_set_up_and_sets_it_up_otherwise(
+    pristine_logging: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logging.getLogger().handlers = []  # pytest's own capture handlers, during the call
+    theirs = logging.StreamHandler(io.StringIO())
+    logging.getLogger().addHandler(theirs)
+    logformat.ensure("info")
+    assert logging.getLogger().handlers == [theirs]
+    assert logging._srcfile is not None  # records left as the caller has them
+    logging.getLogger().removeHandler(theirs)
+    err = io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    logformat.ensure("info")
+    (handler,) = logging.getLogger().handlers
+    assert isinstance(handler.formatter, logformat.SecondFormatter)
+    assert logging._srcfile is None
